@@ -1,0 +1,497 @@
+"""memd's client: ask the local memd daemon which batch size to use now.
+
+    from memd import client
+    bs = client.suggest_batch(default=32)            # an int, always; never raises
+
+    with client.Session(job="llama-ft", target_effective_batch=64, max_batch=128) as s:
+        plan = s.plan()
+        s.report(batch_size=plan.batch_size, peak_bytes=torch.cuda.max_memory_reserved())
+
+No call blocks longer than ``timeout`` (50 ms by default) and none raises because the daemon is
+absent, slow, restarting or answering garbage: the plan then comes from a local fallback
+(``plan.source == "fallback"``) and the session reconnects by itself later. This module
+imports pyzmq and msgpack and nothing of the daemon's.
+"""
+from __future__ import annotations
+
+import collections
+import operator
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Deque, Dict, Optional
+
+import zmq
+
+from . import protocol
+from .plan import Plan, fallback_plan, split_batch
+
+__all__ = ["Plan", "Session", "suggest_batch", "split_batch"]
+
+_BACKOFF_FIRST = 0.1  # seconds before the first retry after the daemon failed to answer
+_BACKOFF_MAX = 2.0
+_PENDING_REPORTS = 16  # reports kept while the daemon cannot take them; older ones are dropped
+_MAX_HINTS = 32
+
+
+class _Unavailable(Exception):
+    """The daemon did not answer in time, or could not be reached at all."""
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__("%s: %s" % (code, message))
+        self.code = code
+
+
+_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+class Session:
+    """One training job's conversation with the daemon.
+
+    Thread-safe; fork-safe (a forked dataloader worker never touches its parent's socket: the
+    child's copy starts over, lazily, as a session of its own). Everything the daemon said is
+    cached, so ``plan()`` costs a dictionary look-up while the last plan is fresh.
+    """
+
+    def __init__(
+        self,
+        job: Optional[str] = None,
+        *,
+        endpoint: Optional[str] = None,
+        timeout: float = 0.05,
+        target_effective_batch: Optional[int] = None,
+        min_batch: int = 1,
+        max_batch: Optional[int] = None,
+        default_batch: Optional[int] = None,
+        device: Any = None,
+        hints: Optional[Dict[str, Any]] = None,
+    ):
+        self.job = job if job is not None else _default_job()
+        self.endpoint = endpoint or protocol.default_endpoint()
+        self.timeout = float(timeout)
+        if not self.timeout > 0:
+            raise ValueError("timeout must be a positive number of seconds, not %r" % (timeout,))
+        self.min_batch = _count(min_batch, "min_batch")
+        self.max_batch = _count(max_batch, "max_batch", optional=True)
+        self.default_batch = _count(default_batch, "default_batch", optional=True)
+        self.target_effective_batch = _count(target_effective_batch, "target_effective_batch", optional=True)
+        if self.max_batch is not None and self.max_batch < self.min_batch:
+            raise ValueError("max_batch (%d) is below min_batch (%d)" % (self.max_batch, self.min_batch))
+        self.device = device
+        self.hints = _clean_hints(hints)
+        self._lock = threading.Lock()
+        self._reset()
+        _sessions.add(self)
+
+    # -- public API -------------------------------------------------------------------------
+
+    def plan(self) -> Plan:
+        """The plan to follow now: cached while fresh, else asked for within ``timeout``."""
+        if not self._lock.acquire(timeout=self.timeout):
+            return self._fallback("session busy in another thread")
+        try:
+            self._check_fork()
+            now = time.monotonic()
+            if self._plan is not None and now < self._plan_expires:
+                return self._plan
+            deadline = now + self.timeout
+            try:
+                self._ensure_session(deadline)
+                if self._plan is not None and time.monotonic() < self._plan_expires:
+                    return self._plan  # hello (or a drained reply) just brought one
+                result = self._call("plan", deadline, token=self._token)
+                self._accept(result)
+                return self._plan
+            except (_Unavailable, _Refused) as exc:
+                self._failed()
+                return self._fallback("daemon unavailable (%s)" % (exc,))
+        except Exception as exc:  # never let the advisor break the training loop
+            return self._fallback("client error: %r" % (exc,))
+        finally:
+            self._lock.release()
+
+    def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,
+               step_seconds: Optional[float] = None) -> None:
+        """Tell the daemon what a step cost. Never waits: the reply (a new plan) is picked up later.
+
+        ``peak_bytes=None`` asks the daemon to measure the job's process tree itself.
+        """
+        fields: Dict[str, Any] = {"batch_size": _count(batch_size, "batch_size")}
+        if peak_bytes is not None:
+            fields["peak_bytes"] = _count(peak_bytes, "peak_bytes", allow_zero=True)
+        if step is not None:
+            fields["step"] = _count(step, "step", allow_zero=True)
+        if step_seconds is not None:
+            fields["step_seconds"] = float(step_seconds)
+        self._send_later("report", fields)
+
+    def report_oom(self, batch_size: int) -> None:
+        """Tell the daemon a step ran out of memory; waits (within ``timeout``) for the new plan.
+
+        If the daemon does not answer, the session backs off locally (25 % smaller) so the very
+        next ``plan()`` is smaller anyway, and the OOM is delivered when the daemon is back.
+        """
+        batch_size = _count(batch_size, "batch_size")
+        if not self._lock.acquire(timeout=self.timeout):
+            self._local_oom(batch_size)
+            return
+        try:
+            self._check_fork()
+            deadline = time.monotonic() + self.timeout
+            try:
+                self._ensure_session(deadline)
+                result = self._call("oom", deadline, token=self._token, batch_size=batch_size)
+                self._accept(result)
+                self._ceiling = None
+            except (_Unavailable, _Refused):
+                self._failed()
+                self._local_oom(batch_size)
+                self._pending.append(("oom", {"batch_size": batch_size}))
+        except Exception:
+            self._local_oom(batch_size)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Say goodbye (without waiting) and release the socket."""
+        if not self._lock.acquire(timeout=max(self.timeout, 1.0)):
+            return
+        try:
+            if self._sock is not None and self._pid == os.getpid():
+                try:
+                    if self._token is not None:
+                        self._sock.send(protocol.encode(protocol.request("bye", self._next_id(), token=self._token)),
+                                        zmq.NOBLOCK)
+                    self._sock.close(linger=int(self.timeout * 1000))
+                except zmq.ZMQError:
+                    pass
+                self._ctx.term()
+            self._reset()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __reduce__(self):
+        # A Session sent to a spawned worker arrives as a fresh, unconnected copy.
+        kwargs = dict(endpoint=self.endpoint, timeout=self.timeout, min_batch=self.min_batch,
+                      max_batch=self.max_batch, default_batch=self.default_batch,
+                      target_effective_batch=self.target_effective_batch, device=self.device,
+                      hints=self.hints)
+        return (_rebuild, (self.job, kwargs))
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._ctx: Optional[zmq.Context] = None
+        self._sock: Optional[zmq.Socket] = None
+        self._fresh_socket = False
+        self._token: Optional[str] = None
+        self._plan: Optional[Plan] = None
+        self._plan_expires = 0.0
+        self._retry_at = 0.0
+        self._backoff = _BACKOFF_FIRST
+        self._ids = 0
+        self._ceiling: Optional[int] = None
+        self._pending: Deque = collections.deque(maxlen=_PENDING_REPORTS)
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._reset()  # the parent's socket is not ours; pyzmq will not close it here either
+
+    def _next_id(self) -> int:
+        self._ids = (self._ids + 1) & 0x7FFFFFFF
+        return self._ids
+
+    def _socket(self) -> zmq.Socket:
+        if self._sock is None:
+            self._ctx = zmq.Context(io_threads=1)
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing toward a daemon that is not there
+            sock.setsockopt(zmq.SNDHWM, 64)
+            sock.setsockopt(zmq.RCVHWM, 64)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            sock.connect(self.endpoint)
+            self._sock = sock
+            self._fresh_socket = True
+        return self._sock
+
+    def _ensure_session(self, deadline: float) -> None:
+        if self._token is not None:
+            return
+        if time.monotonic() < self._retry_at:
+            raise _Unavailable("backing off")
+        result = self._call("hello", deadline, **self._hello_fields())
+        token = result.get("token") if isinstance(result, dict) else None
+        if not isinstance(token, str):
+            raise _Unavailable("hello reply carried no token")
+        self._token = token
+        self._accept(result)
+        self._flush_pending()
+
+    def _hello_fields(self) -> Dict[str, Any]:
+        fields: Dict[str, Any] = {
+            "job": self.job, "pid": os.getpid(), "host": socket.gethostname(),
+            "min_batch": self.min_batch, "hints": self.hints,
+        }
+        for name in ("max_batch", "default_batch", "target_effective_batch"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        fields.update(_distributed_identity())
+        fields.update(_device_identity(self.device))
+        return fields
+
+    def _call(self, op: str, deadline: float, **fields: Any) -> Dict[str, Any]:
+        """One round trip bounded by ``deadline``; replies to earlier requests are absorbed."""
+        if time.monotonic() < self._retry_at:
+            raise _Unavailable("backing off")
+        sock = self._socket()
+        request_id = self._next_id()
+        self._send(sock, protocol.request(op, request_id, **fields), deadline)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sock.poll(remaining * 1000, zmq.POLLIN):
+                raise _Unavailable("no reply to %s within %.0f ms" % (op, self.timeout * 1000))
+            reply = self._receive(sock)
+            if reply is None or reply.get("id") != request_id:
+                continue
+            if reply.get("ok") is True and isinstance(reply.get("result"), dict):
+                self._backoff = _BACKOFF_FIRST
+                return reply["result"]
+            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            code = str(error.get("code", "bad_reply"))
+            if code == protocol.UNKNOWN_SESSION:
+                self._token = None  # the daemon restarted or expired us: hello again next time
+                self._retry_at = 0.0
+            raise _Refused(code, str(error.get("message", ""))[:200])
+
+    def _send(self, sock: zmq.Socket, message: Dict[str, Any], deadline: float) -> None:
+        data = protocol.encode(message)
+        try:
+            sock.send(data, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+        # A socket that has just connected may still be completing its handshake: wait for it,
+        # but only then; later an Again means nobody is listening, and that is known at once.
+        if self._fresh_socket:
+            self._fresh_socket = False
+            remaining = deadline - time.monotonic()
+            if remaining > 0 and sock.poll(remaining * 1000, zmq.POLLOUT):
+                try:
+                    sock.send(data, zmq.NOBLOCK)
+                    return
+                except zmq.Again:
+                    pass
+        raise _Unavailable("daemon not connected at %s" % self.endpoint)
+
+    def _receive(self, sock: zmq.Socket) -> Optional[Dict[str, Any]]:
+        """Read one reply; absorb what it teaches (a plan, a token); None when unreadable."""
+        try:
+            data = sock.recv(zmq.NOBLOCK)
+            reply = protocol.decode(data)
+        except (zmq.Again, ValueError):
+            return None
+        if not isinstance(reply, dict):
+            return None
+        result = reply.get("result")
+        if reply.get("ok") is True and isinstance(result, dict):
+            if self._token is None and isinstance(result.get("token"), str):
+                self._token = result["token"]  # a hello that timed out earlier did succeed
+            if "plan" in result:
+                try:
+                    self._accept(result)
+                except ValueError:
+                    pass
+        return reply
+
+    def _drain(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(256):
+            if not sock.poll(0, zmq.POLLIN):
+                return
+            self._receive(sock)
+
+    def _accept(self, result: Dict[str, Any]) -> None:
+        if "plan" not in result:
+            return
+        plan = Plan.from_wire(result["plan"], source="daemon")
+        self._plan = plan
+        self._plan_expires = time.monotonic() + plan.fresh_for
+
+    def _send_later(self, op: str, fields: Dict[str, Any]) -> None:
+        if not self._lock.acquire(timeout=self.timeout):
+            return  # another thread holds the session; a lost report only slows learning
+        try:
+            self._check_fork()
+            if self._token is None or self._sock is None:
+                self._pending.append((op, fields))
+                return
+            self._drain()
+            self._flush_pending()
+            if not self._try_send(op, fields):
+                self._pending.append((op, fields))
+        except Exception:
+            pass
+        finally:
+            self._lock.release()
+
+    def _try_send(self, op: str, fields: Dict[str, Any]) -> bool:
+        try:
+            message = protocol.request(op, self._next_id(), token=self._token, **fields)
+            self._sock.send(protocol.encode(message), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def _flush_pending(self) -> None:
+        while self._pending and self._token is not None:
+            op, fields = self._pending[0]
+            if not self._try_send(op, fields):
+                return
+            self._pending.popleft()
+
+    def _failed(self) -> None:
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, _BACKOFF_MAX)
+
+    def _local_oom(self, batch_size: int) -> None:
+        cut = max(self.min_batch, (batch_size * 3) // 4)
+        self._ceiling = cut if self._ceiling is None else min(self._ceiling, cut)
+        self._plan_expires = 0.0  # the next plan() asks again, or falls back below the ceiling
+
+    def _fallback(self, reason: str) -> Plan:
+        max_batch = self.max_batch
+        if self._ceiling is not None:
+            max_batch = self._ceiling if max_batch is None else min(max_batch, self._ceiling)
+            reason += "; backed off to %d after an out-of-memory error" % self._ceiling
+        return fallback_plan(
+            min_batch=self.min_batch, max_batch=max_batch, default_batch=self.default_batch,
+            target_effective_batch=self.target_effective_batch, hints=self.hints, reason=reason, base=self._plan)
+
+
+def _rebuild(job: Optional[str], kwargs: Dict[str, Any]) -> Session:
+    return Session(job, **kwargs)
+
+
+def _after_fork_in_child() -> None:
+    for session in list(_sessions):
+        session._lock = threading.Lock()  # a lock held by another thread at fork stays held forever
+        session._reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = False) -> Optional[int]:
+    if value is None and optional:
+        return None
+    try:
+        number = operator.index(value) if not isinstance(value, float) else int(value)
+    except TypeError:
+        raise TypeError("%s must be an integer, not %r" % (name, value)) from None
+    if isinstance(value, bool) or number < (0 if allow_zero else 1):
+        raise ValueError("%s must be %s, not %r" % (name, "a count >= 0" if allow_zero else "a count >= 1", value))
+    return number
+
+
+def _clean_hints(hints: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Keep hints small and plain (str keys, scalar values) so they always fit the wire."""
+    if not hints:
+        return {}
+    if not isinstance(hints, dict):
+        raise TypeError("hints must be a dict, not %r" % (type(hints).__name__,))
+    clean: Dict[str, Any] = {}
+    for key, value in list(hints.items())[:_MAX_HINTS]:
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            clean[str(key)[:64]] = value[:256] if isinstance(value, str) else value
+    return clean
+
+
+def _default_job() -> str:
+    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return argv0 or "python"
+
+
+def _distributed_identity() -> Dict[str, Any]:
+    fields: Dict[str, Any] = {}
+    for name, env in (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE")):
+        value = os.environ.get(env)
+        if value is not None and value.isdigit():
+            fields[name] = int(value)
+    return fields
+
+
+def _device_identity(device: Any) -> Dict[str, Any]:
+    """The device as given, plus its UUID when torch (already imported by the caller) knows it.
+
+    NVML and CUDA number devices differently (CUDA_VISIBLE_DEVICES, MIG), so the daemon maps a
+    device by UUID and only falls back to the index when no UUID is known.
+    """
+    fields: Dict[str, Any] = {}
+    if device is not None:
+        fields["device"] = str(device)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        fields["cuda_visible_devices"] = visible[:256]
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return fields
+    try:
+        if not torch.cuda.is_initialized():
+            return fields
+        if device is None:
+            index = torch.cuda.current_device()
+        else:
+            dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+            if dev.type != "cuda":
+                return fields
+            index = dev.index if dev.index is not None else torch.cuda.current_device()
+        fields.setdefault("device", "cuda:%d" % index)
+        fields["device_uuid"] = str(torch.cuda.get_device_properties(index).uuid)
+    except Exception:
+        pass
+    return fields
+
+
+_process_session: Optional[Session] = None
+_process_session_pid = 0
+_process_lock = threading.Lock()
+
+
+def suggest_batch(default: int, **session_kwargs: Any) -> int:
+    """The batch size to use now, as an int; ``default`` if anything at all goes wrong.
+
+    One Session is created lazily per process (the first call's keyword arguments configure it)
+    and reused by later calls; report to it through ``memd.client.session()``.
+    """
+    try:
+        return session(default_batch=default, **session_kwargs).plan().batch_size
+    except Exception:
+        return default
+
+
+def session(**session_kwargs: Any) -> Session:
+    """The process-wide Session behind ``suggest_batch`` (created on first use)."""
+    global _process_session, _process_session_pid
+    with _process_lock:
+        if _process_session is None or _process_session_pid != os.getpid():
+            job = session_kwargs.pop("job", None)
+            _process_session = Session(job, **session_kwargs)
+            _process_session_pid = os.getpid()
+        return _process_session

@@ -1,0 +1,130 @@
+"""The Plan a training loop follows, and the arithmetic both ends share.
+
+``split_batch`` is the one place the effective-batch rule lives: the daemon's controller and
+the client's local fallback both call it, so a plan keeps the effective batch whoever made it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional, Tuple
+
+PRESSURE_LEVELS = ("ok", "elevated", "high", "critical")
+SOURCES = ("daemon", "fallback")
+
+
+@dataclass(frozen=True)
+class Plan:
+    batch_size: int
+    grad_accum_steps: int
+    effective_batch_size: int
+    num_workers: int
+    prefetch_factor: Optional[int]  # None whenever num_workers == 0, as DataLoader requires
+    throttle: bool  # pause data loading now: the machine is close to running out
+    pressure: str  # one of PRESSURE_LEVELS
+    reason: str
+    source: str  # "daemon", or "fallback" when built locally because the daemon did not answer
+    fresh_for: float = 1.0  # seconds the plan may be served from cache without asking again
+
+    def to_wire(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: Any, source: str = "daemon") -> "Plan":
+        """Validate a plan from the wire; raises ValueError on anything malformed."""
+        if not isinstance(data, dict):
+            raise ValueError("plan is not a map")
+        ints = {}
+        for name in ("batch_size", "grad_accum_steps", "effective_batch_size", "num_workers"):
+            value = data.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "num_workers" else 1):
+                raise ValueError("plan.%s is not a valid count: %r" % (name, value))
+            ints[name] = value
+        prefetch = data.get("prefetch_factor")
+        if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1):
+            raise ValueError("plan.prefetch_factor is not a positive int: %r" % (prefetch,))
+        if ints["num_workers"] == 0:
+            prefetch = None
+        pressure = data.get("pressure")
+        if pressure not in PRESSURE_LEVELS:
+            raise ValueError("plan.pressure is not a level: %r" % (pressure,))
+        fresh_for = data.get("fresh_for", 1.0)
+        if not isinstance(fresh_for, (int, float)) or isinstance(fresh_for, bool) or not 0 <= fresh_for <= 3600:
+            raise ValueError("plan.fresh_for is out of range: %r" % (fresh_for,))
+        return cls(
+            prefetch_factor=prefetch,
+            throttle=bool(data.get("throttle", False)),
+            pressure=pressure,
+            reason=str(data.get("reason", ""))[:500],
+            source=source,
+            fresh_for=float(fresh_for),
+            **ints,
+        )
+
+
+def split_batch(limit: int, target: Optional[int], min_batch: int = 1) -> Tuple[int, int, str]:
+    """Pick (batch_size, grad_accum_steps, note) for a largest usable batch ``limit``.
+
+    With a target effective batch, the batch size is the largest divisor of the target that is
+    at most ``limit`` and at least ``min_batch``, so batch x steps == target exactly (target 16,
+    limit 14 -> 8 x 2). Only when no divisor fits is the effective batch allowed to differ, and
+    the note then says so. Without a target the batch is ``limit`` and there is no accumulation.
+    """
+    limit = max(limit, min_batch, 1)
+    if not target:
+        return limit, 1, ""
+    if limit >= target:
+        return target, 1, ""
+    fitting = [d for d in _divisors(target) if min_batch <= d <= limit]
+    if fitting:
+        return max(fitting), target // max(fitting), ""
+    steps = max(1, round(target / limit))
+    return limit, steps, "no divisor of target %d fits between %d and %d: effective batch is %d" % (
+        target, min_batch, limit, limit * steps)
+
+
+def fallback_plan(
+    min_batch: int = 1,
+    max_batch: Optional[int] = None,
+    default_batch: Optional[int] = None,
+    target_effective_batch: Optional[int] = None,
+    hints: Optional[Dict[str, Any]] = None,
+    reason: str = "daemon unavailable",
+    base: Optional[Plan] = None,
+) -> Plan:
+    """A plan made without the daemon, from the caller's own defaults (or the last known plan)."""
+    hints = hints or {}
+    if base is not None:
+        limit = base.batch_size
+        workers = base.num_workers
+        prefetch = base.prefetch_factor
+    else:
+        limit = default_batch or target_effective_batch or min_batch
+        workers = _hint_int(hints, "num_workers", 0)
+        prefetch = _hint_int(hints, "prefetch_factor", 2)
+    if max_batch:
+        limit = min(limit, max_batch)
+    batch, steps, note = split_batch(limit, target_effective_batch, min_batch)
+    return Plan(
+        batch_size=batch,
+        grad_accum_steps=steps,
+        effective_batch_size=batch * steps,
+        num_workers=workers,
+        prefetch_factor=prefetch if workers > 0 else None,
+        throttle=False,
+        pressure=base.pressure if base is not None else "ok",
+        reason=reason + ("; " + note if note else ""),
+        source="fallback",
+        fresh_for=1.0,
+    )
+
+
+def _divisors(n: int):
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return small + [n // d for d in small]
+
+
+def _hint_int(hints: Dict[str, Any], name: str, default: int) -> int:
+    value = hints.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return default

@@ -1,0 +1,86 @@
+"""The memd wire protocol v1: the schema both ends agree on, and nothing else.
+
+One msgpack map per ZeroMQ message. A request is ``{"v": 1, "op": str, "id": int, ...}``;
+a reply is ``{"v": 1, "id": <the request's id>, "ok": True, "result": {...}}`` or
+``{"v": 1, "id": ..., "ok": False, "error": {"code": str, "message": str}}``.
+docs/protocol.md is the readable specification; this module is the executable one, shared by
+the daemon (which depends on this distribution) so the two ends cannot drift apart.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+import msgpack
+
+VERSION = 1
+
+#: Requests larger than this get a ``too_large`` error reply. Generous for a few hints,
+#: small enough that one session cannot make the daemon hold much.
+MAX_MESSAGE_BYTES = 64 * 1024
+
+OPS = ("hello", "plan", "report", "oom", "bye", "status", "ping")
+
+# Error codes (docs/protocol.md has a sentence on each).
+BAD_REQUEST = "bad_request"  # not a msgpack map, or framing we cannot read
+TOO_LARGE = "too_large"
+UNSUPPORTED_VERSION = "unsupported_version"
+UNKNOWN_OP = "unknown_op"
+INVALID = "invalid"  # a field is missing, of the wrong type or out of range
+UNKNOWN_SESSION = "unknown_session"  # no session holds that token (expired, or daemon restarted)
+TOO_MANY_SESSIONS = "too_many_sessions"
+INTERNAL = "internal"
+
+SYSTEM_SOCKET = "/run/memd/memd.sock"
+
+
+def default_endpoint(environ: Optional[Dict[str, str]] = None) -> str:
+    """The control endpoint that client and daemon both pick with no configuration.
+
+    MEMD_ENDPOINT wins; then the system service's socket if it exists; then a per-user socket.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("MEMD_ENDPOINT"):
+        return env["MEMD_ENDPOINT"]
+    if os.path.exists(SYSTEM_SOCKET):
+        return "ipc://" + SYSTEM_SOCKET
+    return "ipc://" + user_socket_path(env)
+
+
+def user_socket_path(environ: Optional[Dict[str, str]] = None) -> str:
+    env = os.environ if environ is None else environ
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "memd.sock")
+    return "/tmp/memd-%d/memd.sock" % os.getuid()
+
+
+def encode(message: Dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    """Decode one message; raises ValueError on anything that is not a single msgpack object.
+
+    Limits keep a hostile message from making the decoder allocate much.
+    """
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_buffer_size=MAX_MESSAGE_BYTES * 4,
+            max_str_len=MAX_MESSAGE_BYTES,
+            max_bin_len=MAX_MESSAGE_BYTES,
+            max_array_len=4096,
+            max_map_len=4096,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ValueError("not a msgpack message: %s" % exc) from None
+
+
+def request(op: str, request_id: int, **fields: Any) -> Dict[str, Any]:
+    message = {"v": VERSION, "op": op, "id": request_id}
+    message.update(fields)
+    return message

@@ -1,0 +1,5 @@
+import sys
+
+from memd.cli import main
+
+sys.exit(main())

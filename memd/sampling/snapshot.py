@@ -1,0 +1,124 @@
+"""What the machine looked like at one instant: small frozen records in base units.
+
+``None`` always means "unknown" (not measurable here, or the read failed); it is never zero and
+never a string. Everything downstream (policy, metrics, the CLI) reads only these records.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Optional, Tuple
+
+DISCRETE = "discrete"
+UNIFIED = "unified"
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class SystemMemory:
+    total_bytes: int
+    available_bytes: int  # MemAvailable: what can be allocated without swapping (never MemFree)
+    used_bytes: int
+    swap_total_bytes: int
+    swap_used_bytes: int
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """Pressure stall information: share of wall time tasks stalled on memory."""
+    some_avg10: float  # ratios in [0, 1]
+    some_avg60: float
+    some_avg300: float
+    full_avg10: float
+    full_avg60: float
+    full_avg300: float
+    some_total_seconds: float  # cumulative stall time since boot (a counter)
+    full_total_seconds: float
+
+
+@dataclass(frozen=True)
+class Cgroup:
+    version: int  # 1 or 2
+    path: str  # relative to the hierarchy root, e.g. "/system.slice/job.scope"
+    limit_bytes: Optional[int]  # None when unlimited
+    usage_bytes: Optional[int]
+    high_bytes: Optional[int] = None  # v2 memory.high; None when unlimited or v1
+    working_set_bytes: Optional[int] = None  # usage minus inactive file pages, as cAdvisor
+    oom_events: Optional[int] = None  # times the limit was hit and reclaim failed
+    oom_kill_events: Optional[int] = None
+    pressure: Optional[Pressure] = None  # v2 memory.pressure
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: Optional[int]  # None when the driver does not say ("not available" is unknown)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int  # NVML's index: stable only within one boot, so match devices by uuid
+    uuid: str
+    name: str
+    total_bytes: Optional[int]
+    used_bytes: Optional[int]  # excludes reserved_bytes where the v2 query is available
+    free_bytes: Optional[int]
+    reserved_bytes: Optional[int]  # driver/firmware reservation; None with the v1 query
+    unified: bool  # memory is the host's (NVML says Not Supported, or reports the host's RAM)
+    utilization: Optional[float] = None  # ratio of time a kernel ran over the last period
+    healthy: bool = True  # False when the device is lost or failed this sample
+    error: Optional[str] = None
+    processes: Tuple[GpuProcess, ...] = ()
+    mig_parent_uuid: Optional[str] = None  # set on a MIG instance: the physical GPU's uuid
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    pid: int
+    ppid: int
+    name: str
+    rss_bytes: Optional[int]  # counts shared (copy-on-write) pages in every process
+    pss_bytes: Optional[int]  # shared pages split among their sharers: sums to the real total
+    uss_bytes: Optional[int]  # pages only this process holds: what killing it would free
+    gpu_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float  # wall-clock seconds since the epoch
+    monotonic: float  # time.monotonic() when taken, for ages and rates
+    host: str
+    memory_model: str  # DISCRETE, UNIFIED or CPU
+    system: SystemMemory
+    pressure: Optional[Pressure]  # None without PSI (old kernel, macOS)
+    cgroup: Optional[Cgroup]  # the daemon's own cgroup; None when it cannot be read
+    gpus: Tuple[Gpu, ...] = ()
+    oom_kills: Optional[int] = None  # host-wide OOM kills since boot (/proc/vmstat oom_kill)
+    apple_pressure_level: Optional[int] = None  # kern.memorystatus_vm_pressure_level (1, 2, 4)
+    errors: Tuple[Tuple[str, str], ...] = ()  # (source, message) for reads that failed
+    duration_seconds: float = 0.0
+    processes: Optional[Tuple[ProcessMemory, ...]] = None  # a job's tree, only when asked for
+
+
+def as_json(snapshot: Snapshot) -> Dict[str, Any]:
+    """The `memd sample --json` contract (docs/platforms.md describes each field)."""
+    out: Dict[str, Any] = {
+        "host": snapshot.host,
+        "taken_at": snapshot.taken_at,
+        "memory_model": snapshot.memory_model,
+        "system": asdict(snapshot.system),
+        "pressure": _plain(snapshot.pressure),
+        "cgroup": _plain(snapshot.cgroup),
+        "gpus": [asdict(g) for g in snapshot.gpus],
+        "oom_kills": snapshot.oom_kills,
+        "errors": [{"source": s, "message": m} for s, m in snapshot.errors],
+        "duration_seconds": snapshot.duration_seconds,
+    }
+    if snapshot.apple_pressure_level is not None:
+        out["apple_pressure_level"] = snapshot.apple_pressure_level
+    if snapshot.processes is not None:
+        out["processes"] = [asdict(p) for p in snapshot.processes]
+    return out
+
+
+def _plain(record: Any) -> Optional[Dict[str, Any]]:
+    return asdict(record) if record is not None else None

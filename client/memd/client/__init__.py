@@ -29,7 +29,7 @@ import zmq
 from . import protocol
 from .plan import Plan, fallback_plan, split_batch
 
-__all__ = ["Plan", "Session", "suggest_batch", "split_batch"]
+__all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable"]
 
 _BACKOFF_FIRST = 0.1  # seconds before the first retry after the daemon failed to answer
 _BACKOFF_MAX = 2.0
@@ -96,17 +96,24 @@ class Session:
             return self._fallback("session busy in another thread")
         try:
             self._check_fork()
+            self._drain()  # replies to earlier reports may carry a newer plan
             now = time.monotonic()
             if self._plan is not None and now < self._plan_expires:
                 return self._plan
+            if now < self._retry_at:
+                return self._fallback("daemon unavailable; retrying in %.1f s" % (self._retry_at - now))
             deadline = now + self.timeout
             try:
-                self._ensure_session(deadline)
-                if self._plan is not None and time.monotonic() < self._plan_expires:
-                    return self._plan  # hello (or a drained reply) just brought one
-                result = self._call("plan", deadline, token=self._token)
-                self._accept(result)
-                return self._plan
+                return self._ask_plan(deadline)
+            except _Refused as exc:
+                if exc.code != protocol.UNKNOWN_SESSION:
+                    self._failed()
+                    return self._fallback("daemon refused (%s)" % (exc,))
+            except _Unavailable as exc:
+                self._failed()
+                return self._fallback("daemon unavailable (%s)" % (exc,))
+            try:  # the daemon restarted or expired us: register again within the same deadline
+                return self._ask_plan(deadline)
             except (_Unavailable, _Refused) as exc:
                 self._failed()
                 return self._fallback("daemon unavailable (%s)" % (exc,))
@@ -114,6 +121,13 @@ class Session:
             return self._fallback("client error: %r" % (exc,))
         finally:
             self._lock.release()
+
+    def _ask_plan(self, deadline: float) -> Plan:
+        self._ensure_session(deadline)
+        if self._plan is not None and time.monotonic() < self._plan_expires:
+            return self._plan  # hello (or a drained reply) just brought one
+        self._accept(self._call("plan", deadline, token=self._token))
+        return self._plan
 
     def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,
                step_seconds: Optional[float] = None) -> None:
@@ -142,8 +156,11 @@ class Session:
             return
         try:
             self._check_fork()
-            deadline = time.monotonic() + self.timeout
+            now = time.monotonic()
+            deadline = now + self.timeout
             try:
+                if now < self._retry_at:
+                    raise _Unavailable("backing off")
                 self._ensure_session(deadline)
                 result = self._call("oom", deadline, token=self._token, batch_size=batch_size)
                 self._accept(result)
@@ -231,8 +248,6 @@ class Session:
     def _ensure_session(self, deadline: float) -> None:
         if self._token is not None:
             return
-        if time.monotonic() < self._retry_at:
-            raise _Unavailable("backing off")
         result = self._call("hello", deadline, **self._hello_fields())
         token = result.get("token") if isinstance(result, dict) else None
         if not isinstance(token, str):
@@ -255,8 +270,6 @@ class Session:
 
     def _call(self, op: str, deadline: float, **fields: Any) -> Dict[str, Any]:
         """One round trip bounded by ``deadline``; replies to earlier requests are absorbed."""
-        if time.monotonic() < self._retry_at:
-            raise _Unavailable("backing off")
         sock = self._socket()
         request_id = self._next_id()
         self._send(sock, protocol.request(op, request_id, **fields), deadline)
@@ -273,8 +286,7 @@ class Session:
             error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
             code = str(error.get("code", "bad_reply"))
             if code == protocol.UNKNOWN_SESSION:
-                self._token = None  # the daemon restarted or expired us: hello again next time
-                self._retry_at = 0.0
+                self._token = None  # the daemon restarted or expired us: hello again
             raise _Refused(code, str(error.get("message", ""))[:200])
 
     def _send(self, sock: zmq.Socket, message: Dict[str, Any], deadline: float) -> None:
@@ -495,3 +507,43 @@ def session(**session_kwargs: Any) -> Session:
             _process_session = Session(job, **session_kwargs)
             _process_session_pid = os.getpid()
         return _process_session
+
+
+class DaemonUnavailable(Exception):
+    """``call`` got no usable reply (absent, too slow, or refused)."""
+
+
+def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, **fields: Any) -> Dict[str, Any]:
+    """One request and its reply, for tools such as ``memd status``; raises DaemonUnavailable.
+
+    Training loops should use Session, which never raises; this is the plain primitive.
+    """
+    endpoint = endpoint or protocol.default_endpoint()
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+    if path and not path.startswith("@") and not os.path.exists(path):
+        raise DaemonUnavailable("no daemon socket at %s" % path)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        deadline = time.monotonic() + timeout
+        sock.send(protocol.encode(protocol.request(op, 1, **fields)))
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sock.poll(remaining * 1000, zmq.POLLIN):
+                raise DaemonUnavailable("no daemon answered at %s within %.1f s" % (endpoint, timeout))
+            try:
+                reply = protocol.decode(sock.recv())
+            except ValueError as exc:
+                raise DaemonUnavailable("unreadable reply from %s: %s" % (endpoint, exc)) from None
+            if isinstance(reply, dict) and reply.get("id") == 1:
+                break
+        if reply.get("ok") is True and isinstance(reply.get("result"), dict):
+            return reply["result"]
+        error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        raise DaemonUnavailable("%s refused %s: %s" % (endpoint, op, error.get("message", error.get("code", "?"))))
+    except zmq.ZMQError as exc:
+        raise DaemonUnavailable("cannot reach %s: %s" % (endpoint, exc)) from None
+    finally:
+        sock.close(0)

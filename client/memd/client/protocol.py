@@ -69,7 +69,6 @@ def decode(data: bytes) -> Any:
             data,
             raw=False,
             strict_map_key=True,
-            max_buffer_size=MAX_MESSAGE_BYTES * 4,
             max_str_len=MAX_MESSAGE_BYTES,
             max_bin_len=MAX_MESSAGE_BYTES,
             max_array_len=4096,

@@ -1,0 +1,166 @@
+"""memd's command line: serve | status | sample | estimate | doctor | top.
+
+Every command that talks to a daemon takes --endpoint (default: as the client picks it).
+Errors end with one line on stderr and a non-zero exit code, never a traceback: 1 when no
+daemon answers, 2 for bad input or configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from memd.client import DaemonUnavailable, call, protocol
+from memd.config import ConfigError
+from memd.core import VERSION
+
+GiB = 2 ** 30
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print("memd: %s" % exc, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memd", description="Memory daemon for machines that train neural networks.")
+    parser.add_argument("--version", action="version", version="memd " + VERSION)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the daemon in the foreground")
+    serve.add_argument("--config", metavar="FILE", help="TOML configuration file (optional; defaults are embedded)")
+    serve.add_argument("--endpoint", metavar="E", help="control endpoint, ipc://PATH or tcp://127.0.0.1:PORT")
+    serve.add_argument("--metrics-address", metavar="A", help="HOST:PORT for /metrics, or 'off' (default 127.0.0.1:9463)")
+    serve.add_argument("--interval", metavar="S", type=str, help="seconds between samples (default 0.2)")
+    serve.add_argument("--state-dir", metavar="D", help="where learned memory curves are kept")
+    serve.set_defaults(run=_serve)
+
+    status = sub.add_parser("status", help="the running daemon's view: host, GPUs, sessions and their plans")
+    _endpoint_args(status)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(run=_status)
+
+    sample = sub.add_parser("sample", help="take one sample locally (no daemon needed)")
+    sample.add_argument("--json", action="store_true", help="machine-readable output")
+    sample.add_argument("--pid", type=int, help="also read this process and all its descendants")
+    sample.set_defaults(run=_sample)
+    return parser
+
+
+def _endpoint_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", metavar="E", help="daemon endpoint (default: as the client picks it)")
+    parser.add_argument("--timeout", metavar="S", type=float, default=2.0, help="seconds to wait for the daemon")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from memd import config, daemon
+
+    flags = {"endpoint": args.endpoint, "metrics_address": args.metrics_address, "interval": args.interval,
+             "state_dir": args.state_dir}
+
+    def load():
+        return config.load(args.config, flags=flags)
+
+    return daemon.serve(load(), reload=load)
+
+
+def _status(args: argparse.Namespace) -> int:
+    endpoint = args.endpoint or protocol.default_endpoint()
+    try:
+        result = call("status", endpoint=endpoint, timeout=args.timeout)
+    except DaemonUnavailable as exc:
+        print("memd: %s (is `memd serve` running? --endpoint picks another)" % exc, file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+    snap = result.get("snapshot") or {}
+    print("memd %s on %s, up %.0f s, pressure %s" % (result.get("version"), result.get("host"),
+                                                      result.get("uptime_seconds", 0), result.get("pressure_level")))
+    if snap:
+        _print_machine(snap)
+    sessions = result.get("sessions") or []
+    print("\nsessions: %d" % len(sessions))
+    if sessions:
+        print("  %-20s %7s %5s %-14s %6s %6s %9s %9s  %s" % ("job", "pid", "rank", "pool", "batch", "accum",
+                                                            "peak GiB", "budget", "reason"))
+    for s in sessions:
+        plan = s.get("plan") or {}
+        print("  %-20s %7s %5s %-14s %6s %6s %9s %9s  %s" % (
+            s["job"][:20], s["pid"], "" if s.get("rank") is None else s["rank"], (s.get("pool") or "")[:14],
+            plan.get("batch_size", ""), plan.get("grad_accum_steps", ""), _gib(s.get("latest_peak_bytes")),
+            _gib(s.get("budget_bytes")), plan.get("reason", "")))
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from memd.daemon import _nvml
+    from memd.sampling.sampler import Sampler
+    from memd.sampling.snapshot import as_json
+
+    gpus = _nvml()
+    try:
+        snap = Sampler(gpus=gpus).sample(pid=args.pid)
+    finally:
+        if gpus is not None:
+            gpus.shutdown()
+    data = as_json(snap)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    _print_machine(data)
+    if data.get("processes") is not None:
+        print("\nprocesses of %d:" % args.pid)
+        print("  %7s %7s %-16s %9s %9s %9s %9s" % ("pid", "ppid", "name", "rss MiB", "pss MiB", "uss MiB", "gpu MiB"))
+        for p in data["processes"]:
+            print("  %7d %7d %-16s %9s %9s %9s %9s" % (p["pid"], p["ppid"], p["name"][:16], _mib(p["rss_bytes"]),
+                                                       _mib(p["pss_bytes"]), _mib(p["uss_bytes"]), _mib(p["gpu_bytes"])))
+    for error in data["errors"]:
+        print("  ! %s: %s" % (error["source"], error["message"]))
+    return 0
+
+
+def _print_machine(snap: dict) -> None:
+    system = snap["system"]
+    print("memory model: %s" % snap["memory_model"])
+    print("host memory:  %s GiB available of %s GiB (swap %s of %s GiB used)" % (
+        _gib(system["available_bytes"]), _gib(system["total_bytes"]), _gib(system["swap_used_bytes"]),
+        _gib(system["swap_total_bytes"])))
+    psi = snap.get("pressure")
+    if psi:
+        print("pressure:     some %.1f%% / full %.1f%% (avg10)" % (psi["some_avg10"] * 100, psi["full_avg10"] * 100))
+    else:
+        print("pressure:     no PSI on this kernel")
+    cg = snap.get("cgroup")
+    if cg:
+        limit = "unlimited" if cg["limit_bytes"] is None else "%s GiB" % _gib(cg["limit_bytes"])
+        print("cgroup v%d:    %s, using %s GiB (%s)" % (cg["version"], limit, _gib(cg["usage_bytes"]), cg["path"]))
+    for gpu in snap.get("gpus") or []:
+        if not gpu["healthy"]:
+            print("gpu %d:        %s %s: UNHEALTHY (%s)" % (gpu["index"], gpu["name"], gpu["uuid"], gpu["error"]))
+        elif gpu["unified"]:
+            print("gpu %d:        %s (unified memory: draws on host RAM)" % (gpu["index"], gpu["name"]))
+        else:
+            print("gpu %d:        %s, %s GiB used of %s GiB" % (gpu["index"], gpu["name"], _gib(gpu["used_bytes"]),
+                                                             _gib(gpu["total_bytes"])))
+
+
+def _gib(value) -> str:
+    return "-" if value is None else "%.2f" % (value / GiB)
+
+
+def _mib(value) -> str:
+    return "-" if value is None else "%.1f" % (value / 2 ** 20)

@@ -1,0 +1,206 @@
+"""One Config for the daemon: embedded defaults < TOML file < MEMD_* environment < flags.
+
+Every error names the key and where its value came from, so ``memd serve`` can end with one
+clear line instead of a traceback. docs/configuration.md lists every key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+from urllib.parse import urlsplit
+
+from memd.client import protocol
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Thresholds and moves of the controller (docs/policy.md gives each one's source)."""
+    margin_ratio: float = 0.05  # of a pool's capacity, kept free on top of the learned peak
+    margin_min_bytes: int = 512 * 1024 ** 2
+    elevated_some_avg10: float = 0.10  # PSI "some" ratio: tasks stalled on memory 10 % of the time
+    high_some_avg10: float = 0.25
+    critical_full_avg10: float = 0.10  # PSI "full": every task stalled 10 % of the time
+    critical_available_ratio: float = 0.02  # or less than 2 % of the pool still available
+    calm_seconds: float = 10.0  # a pressure level is left only after this long below its threshold
+    oom_cut: float = 0.25  # cut the batch by this share after an OOM (seed 000)
+    stable_steps: int = 50  # steps without trouble before growing back toward an OOM ceiling
+    max_growth: float = 2.0  # one move at most multiplies the batch by this
+    plan_fresh_seconds: float = 1.0  # how long a client may serve a plan from its cache
+    worker_bytes_default: int = 0  # assumed per-worker cost before one is measured; 0 = use the table
+
+
+@dataclass(frozen=True)
+class Config:
+    endpoint: Optional[str] = None  # None: the default for this user (see protocol.default_endpoint)
+    metrics_address: str = "127.0.0.1:9463"  # HOST:PORT, or "off"
+    interval: float = 0.2  # seconds between samples of the cheap signals
+    job_interval: float = 2.0  # seconds between reads of each job's process tree
+    state_dir: Optional[str] = None
+    max_sessions: int = 256
+    session_ttl: float = 600.0  # seconds of silence after which a session is dropped
+    log_level: str = "info"
+    log_format: str = "auto"  # auto (JSON unless on a terminal), json or console
+    curve_secret_key_file: Optional[str] = None  # z85 secret key: required for non-loopback tcp
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    def resolved_endpoint(self) -> str:
+        if self.endpoint:
+            return self.endpoint
+        if os.environ.get("MEMD_ENDPOINT"):
+            return os.environ["MEMD_ENDPOINT"]
+        if os.geteuid() == 0:
+            return "ipc://" + protocol.SYSTEM_SOCKET
+        return "ipc://" + protocol.user_socket_path()
+
+    def resolved_state_dir(self) -> str:
+        if self.state_dir:
+            return self.state_dir
+        if os.environ.get("STATE_DIRECTORY"):  # set by systemd's StateDirectory=
+            return os.environ["STATE_DIRECTORY"].split(":")[0]
+        if os.geteuid() == 0:
+            return "/var/lib/memd"
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        return os.path.join(base, "memd")
+
+
+def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
+         flags: Optional[Dict[str, Any]] = None) -> Config:
+    """Build the Config; raises ConfigError naming the offending key."""
+    env = os.environ if environ is None else environ
+    values: Dict[str, Any] = {}
+    policy: Dict[str, Any] = {}
+    if path:
+        _merge_file(path, values, policy)
+    _merge_env(env, values, policy)
+    for name, value in (flags or {}).items():
+        if value is not None:
+            values[name] = _coerce(Config, name, value, "--" + name.replace("_", "-"))
+    config = Config(**values, policy=PolicyConfig(**policy))
+    validate(config)
+    return config
+
+
+def _merge_file(path: str, values: Dict[str, Any], policy: Dict[str, Any]) -> None:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("config file %s does not exist" % path) from None
+    except OSError as exc:
+        raise ConfigError("config file %s unreadable: %s" % (path, exc.strerror)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config file %s is not valid TOML: %s" % (path, exc)) from None
+    for key, value in data.items():
+        if key == "policy":
+            if not isinstance(value, dict):
+                raise ConfigError("config key 'policy' in %s must be a table" % path)
+            for pkey, pvalue in value.items():
+                policy[pkey] = _coerce(PolicyConfig, pkey, pvalue, "policy.%s in %s" % (pkey, path))
+        else:
+            values[key] = _coerce(Config, key, value, "%s in %s" % (key, path))
+
+
+def _merge_env(env: Mapping[str, str], values: Dict[str, Any], policy: Dict[str, Any]) -> None:
+    for f in dataclasses.fields(Config):
+        if f.name != "policy" and env.get("MEMD_" + f.name.upper()):
+            values[f.name] = _coerce(Config, f.name, env["MEMD_" + f.name.upper()], "MEMD_" + f.name.upper())
+    for f in dataclasses.fields(PolicyConfig):
+        name = "MEMD_POLICY_" + f.name.upper()
+        if env.get(name):
+            policy[f.name] = _coerce(PolicyConfig, f.name, env[name], name)
+
+
+def _coerce(cls: type, key: str, value: Any, origin: str) -> Any:
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    if key not in types or key == "policy":
+        known = ", ".join(sorted(n for n in types if n != "policy"))
+        raise ConfigError("unknown config key '%s' (%s); known keys: %s" % (key, origin, known))
+    kind = str(types[key])
+    try:
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if kind == "int":
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if value is None or isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return None if value is None else str(value)
+        raise ValueError
+    except (TypeError, ValueError):
+        want = {"float": "a number", "int": "an integer"}.get(kind, "a string")
+        raise ConfigError("config key '%s' must be %s, got %r (%s)" % (key, want, value, origin)) from None
+
+
+def validate(config: Config) -> None:
+    if not config.interval > 0 or config.interval > 60:
+        raise ConfigError("config key 'interval' must be in (0, 60] seconds, got %r" % config.interval)
+    if not config.job_interval >= config.interval:
+        raise ConfigError("config key 'job_interval' must be at least 'interval' (%s s)" % config.interval)
+    if config.max_sessions < 1:
+        raise ConfigError("config key 'max_sessions' must be at least 1")
+    if not config.session_ttl > 0:
+        raise ConfigError("config key 'session_ttl' must be positive")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError("config key 'log_level' must be debug, info, warning or error")
+    if config.log_format not in ("auto", "json", "console"):
+        raise ConfigError("config key 'log_format' must be auto, json or console")
+    if config.endpoint:
+        check_endpoint(config.endpoint, secure=bool(config.curve_secret_key_file))
+    if config.metrics_address != "off":
+        parse_address(config.metrics_address)
+    p = config.policy
+    for name in ("margin_ratio", "elevated_some_avg10", "high_some_avg10", "critical_full_avg10",
+                 "critical_available_ratio", "oom_cut"):
+        if not 0 <= getattr(p, name) < 1:
+            raise ConfigError("config key 'policy.%s' must be a ratio in [0, 1)" % name)
+    if not p.elevated_some_avg10 <= p.high_some_avg10:
+        raise ConfigError("config key 'policy.high_some_avg10' must be >= 'policy.elevated_some_avg10'")
+    if p.stable_steps < 1 or not p.max_growth > 1 or not p.plan_fresh_seconds > 0:
+        raise ConfigError("config keys 'policy.stable_steps' >= 1, 'policy.max_growth' > 1 and "
+                          "'policy.plan_fresh_seconds' > 0 are required")
+
+
+def check_endpoint(endpoint: str, secure: bool = False) -> None:
+    """Accept ipc:// paths and tcp:// addresses (loopback only unless CURVE is configured)."""
+    if endpoint.startswith("ipc://"):
+        if len(endpoint) <= len("ipc://"):
+            raise ConfigError("endpoint %r has no socket path" % endpoint)
+        return
+    if not endpoint.startswith("tcp://"):
+        raise ConfigError("endpoint %r must start with ipc:// or tcp://" % endpoint)
+    try:
+        parts = urlsplit(endpoint)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        raise ConfigError("endpoint %r is not a valid tcp://HOST:PORT" % endpoint) from None
+    if not host or port is None:
+        raise ConfigError("endpoint %r is not a valid tcp://HOST:PORT" % endpoint)
+    if not secure and not _is_loopback(host):
+        raise ConfigError("endpoint %r is not loopback: set curve_secret_key_file to expose the "
+                          "control socket beyond this host" % endpoint)
+
+
+def parse_address(address: str) -> tuple:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError("metrics address %r must be HOST:PORT or 'off' (--metrics-address)" % address)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,244 @@
+"""The daemon's lifecycle: two threads, signals, systemd notification, reload.
+
+The sampler thread reads the machine every ``interval`` (and each job's process tree every
+``job_interval``) and publishes the results on the Core; the main thread answers requests and
+does the housekeeping: expiring sessions, persisting what was learned, and pinging systemd's
+watchdog only while the sampler's heartbeat is fresh, so a hung driver call or a dead sampler
+gets the service restarted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+import structlog
+
+from memd import config as config_module
+from memd import metrics, ops
+from memd.config import Config
+from memd.core import VERSION, Core
+from memd.notify import Notifier
+from memd.policy.pressure import host_signals, next_state
+from memd.sampling import procs
+from memd.sampling.sampler import Sampler
+from memd.server import Server
+from memd.sessions import Session, Sessions
+from memd.state import StateStore
+
+log = structlog.get_logger("memd")
+
+HOUSEKEEPING = 1.0  # seconds between session expiry passes
+FLUSH = 30.0  # seconds between writes of learned state (also on bye, expiry and shutdown)
+
+
+def configure_logging(cfg: Config, stream=None) -> None:
+    stream = stream or sys.stdout
+    as_json = cfg.log_format == "json" or (cfg.log_format == "auto" and not stream.isatty())
+    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, cfg.log_level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+class Daemon:
+    def __init__(self, cfg: Config, sampler: Optional[Sampler] = None, notifier: Optional[Notifier] = None,
+                 reload: Optional[Callable[[], Config]] = None, clock: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self.clock = clock
+        self.reload_config = reload
+        self.sampler = sampler or Sampler(gpus=_nvml())
+        self.notifier = notifier or Notifier()
+        self.store = StateStore(cfg.resolved_state_dir())
+        sessions = Sessions(cfg.max_sessions, cfg.session_ttl, clock, self._alive)
+        self.core = Core(cfg, sessions, self.store, clock=clock, proc_root=self.sampler.proc_root)
+        self.server = Server(cfg.resolved_endpoint(), self._dispatch(), self.core.observe_request,
+                             curve_secret_key=_curve_key(cfg))
+        self.metrics = None
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._sampler_thread: Optional[threading.Thread] = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Sample once, bind, serve metrics, start the sampler; ConfigError if anything is taken."""
+        self.store.load()
+        self._sample_once(jobs=False)
+        self.server.bind()
+        try:
+            if self.cfg.metrics_address != "off":
+                self.metrics = metrics.serve(self.core, self.cfg.metrics_address)
+        except config_module.ConfigError:
+            self.server.close()
+            raise
+        self._sampler_thread = threading.Thread(target=self._sample_loop, name="memd-sampler", daemon=True)
+        self._sampler_thread.start()
+        snap = self.core.snapshot
+        log.info("memd ready", version=VERSION, endpoint=self.server.endpoint, metrics=self.cfg.metrics_address,
+                 memory_model=snap.memory_model, gpus=len(snap.gpus), state_dir=self.store.directory,
+                 remembered_jobs=len(self.store))
+        self.notifier.ready("serving on %s" % self.server.endpoint)
+
+    def run(self) -> None:
+        last_housekeeping = last_watchdog = last_flush = self.clock()
+        while not self._stop.is_set():
+            self.server.poll(min(self.cfg.interval, HOUSEKEEPING))
+            now = self.clock()
+            if self._reload.is_set():
+                self._reload.clear()
+                self._apply_reload()
+            if now - last_housekeeping >= HOUSEKEEPING:
+                last_housekeeping = now
+                self._expire()
+            interval = self.notifier.watchdog_interval
+            if interval is not None and now - last_watchdog >= interval and self.sampler_healthy(now):
+                self.notifier.watchdog()
+                last_watchdog = now
+            if now - last_flush >= FLUSH:
+                last_flush = now
+                self.store.flush()
+
+    def shutdown(self) -> None:
+        self.notifier.stopping()
+        self._stop.set()
+        if self._sampler_thread is not None:
+            self._sampler_thread.join(timeout=2.0)
+        for session in self.core.sessions:
+            ops.remember(self.core, session)
+        self.store.flush()
+        self.server.close()
+        if self.metrics is not None:
+            self.metrics.shutdown()
+        self.notifier.close()
+        log.info("memd stopped", sessions=len(self.core.sessions))
+
+    def stop(self, *_args) -> None:
+        self._stop.set()
+
+    def request_reload(self, *_args) -> None:
+        self._reload.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGHUP, self.request_reload)
+
+    def sampler_healthy(self, now: float) -> bool:
+        stale_after = max(5 * self.cfg.interval, 2.0)
+        alive = self._sampler_thread is not None and self._sampler_thread.is_alive()
+        return alive and now - self.core.sampler_heartbeat <= stale_after
+
+    # -- sampler thread ---------------------------------------------------------------------
+
+    def _sample_loop(self) -> None:
+        next_jobs = 0.0
+        while not self._stop.is_set():
+            started = self.clock()
+            try:
+                self._sample_once(jobs=started >= next_jobs)
+                if started >= next_jobs:
+                    next_jobs = started + self.cfg.job_interval
+            except Exception:
+                self.core.sample_errors["sampler"] += 1
+                log.exception("sampling failed; keeping the previous snapshot")
+            self._stop.wait(max(0.0, self.cfg.interval - (self.clock() - started)))
+
+    def _sample_once(self, jobs: bool) -> None:
+        snap = self.sampler.sample()
+        core = self.core
+        core.pressure = next_state(core.pressure, host_signals(snap), snap.monotonic, self.cfg.policy)
+        core.snapshot = snap
+        for source, _message in snap.errors:
+            core.sample_errors[source] += 1
+        if jobs:
+            pids = {s.pid for s in core.sessions if s.local}
+            core.jobs = {pid: self.sampler.job(pid, snap.gpus) for pid in pids}
+        core.sampler_heartbeat = self.clock()
+
+    # -- main thread ------------------------------------------------------------------------
+
+    def _dispatch(self):
+        return {name: (lambda req, handler=handler: handler(self.core, req)) for name, handler in ops.HANDLERS.items()}
+
+    def _alive(self, session: Session) -> bool:
+        if not session.local:
+            return True  # only silence (ttl) ends a session whose process memd cannot see
+        return procs.process_start_time(session.pid, self.core.proc_root) == session.start_time
+
+    def _expire(self) -> None:
+        for session in self.core.sessions.expire():
+            self.core.sessions_expired += 1
+            ops.remember(self.core, session)
+            log.info("session expired", job=session.job, pid=session.pid, reports=session.reports)
+
+    def _apply_reload(self) -> None:
+        if self.reload_config is None:
+            return
+        try:
+            new = self.reload_config()
+        except config_module.ConfigError as exc:
+            log.error("reload refused; keeping the running configuration", error=str(exc))
+            return
+        kept = [name for name in ("endpoint", "metrics_address", "state_dir", "curve_secret_key_file")
+                if getattr(new, name) != getattr(self.cfg, name)]
+        if kept:
+            log.warning("reload cannot change these without a restart", keys=kept)
+        new = dataclasses.replace(new, **{name: getattr(self.cfg, name) for name in kept})
+        self.cfg = new
+        self.core.config = new
+        self.core.sessions.max_sessions = new.max_sessions
+        self.core.sessions.ttl = new.session_ttl
+        configure_logging(new)
+        log.info("configuration reloaded")
+
+
+def serve(cfg: Config, reload: Optional[Callable[[], Config]] = None) -> int:
+    """Run in the foreground until SIGTERM/SIGINT. Returns the process exit code."""
+    configure_logging(cfg)
+    try:
+        daemon = Daemon(cfg, reload=reload)
+        daemon.install_signal_handlers()
+        daemon.start()
+    except config_module.ConfigError as exc:
+        print("memd: %s" % exc, file=sys.stderr)
+        return 2
+    try:
+        daemon.run()
+    finally:
+        daemon.shutdown()
+    return 0
+
+
+def _nvml():
+    try:
+        from memd.sampling.nvml import Nvml
+    except ImportError:
+        return None
+    return Nvml()
+
+
+def _curve_key(cfg: Config) -> Optional[bytes]:
+    if not cfg.curve_secret_key_file:
+        return None
+    try:
+        with open(cfg.curve_secret_key_file, "rb") as f:
+            key = f.read().strip()
+    except OSError as exc:
+        raise config_module.ConfigError("curve_secret_key_file %s unreadable: %s" % (cfg.curve_secret_key_file, exc.strerror))
+    if len(key) != 40:
+        raise config_module.ConfigError("curve_secret_key_file %s must hold a 40-character Z85 secret key"
+                                        % cfg.curve_secret_key_file)
+    return key

@@ -1,0 +1,211 @@
+"""Prometheus exposition: one custom Collector over the latest Snapshot and the sessions.
+
+A scrape never samples: it builds fresh metric families from values the daemon already holds
+(prometheus/client_python's pattern for exporters that mirror another system). Base units only
+(bytes, seconds, ratios 0-1), ``_total`` counters, ``_info`` for metadata, and bounded labels:
+no pid labels; sessions are bounded by ``max_sessions``. docs/metrics.md lists every metric.
+"""
+from __future__ import annotations
+
+import errno
+import platform
+from typing import Iterator, Optional
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
+                                    InfoMetricFamily, Metric)
+
+from memd.config import ConfigError, parse_address
+from memd.core import VERSION, Core
+from memd.policy.pressure import rank
+from memd.sampling.snapshot import UNIFIED, Snapshot
+
+GPU_LABELS = ["gpu", "uuid", "name", "parent_uuid"]
+SESSION_LABELS = ["session", "job", "rank", "pool"]
+PSI_WINDOWS = (("10", "avg10"), ("60", "avg60"), ("300", "avg300"))
+
+
+class MemdCollector:
+    def __init__(self, core: Core):
+        self.core = core
+
+    def collect(self) -> Iterator[Metric]:
+        core = self.core
+        info = InfoMetricFamily("memd_build", "memd version and Python it runs on")
+        info.add_metric([], {"version": VERSION, "python": platform.python_version()})
+        yield info
+        snap = core.snapshot
+        if snap is not None:
+            yield from _host(snap)
+            yield from _gpus(snap)
+        yield _gauge("memd_pressure_level", "Memory pressure level: 0 ok, 1 elevated, 2 high, 3 critical",
+                     rank(core.pressure.level))
+        yield from self._sessions()
+        yield from self._health()
+
+    def _sessions(self) -> Iterator[Metric]:
+        core = self.core
+        sessions = list(core.sessions)
+        yield _gauge("memd_sessions", "Training sessions registered now", len(sessions))
+        families = {
+            "batch": GaugeMetricFamily("memd_session_recommended_batch_size", "Batch size the plan recommends", labels=SESSION_LABELS),
+            "accum": GaugeMetricFamily("memd_session_grad_accum_steps", "Gradient-accumulation steps the plan recommends", labels=SESSION_LABELS),
+            "effective": GaugeMetricFamily("memd_session_effective_batch_size", "Batch size x accumulation steps of the plan", labels=SESSION_LABELS),
+            "workers": GaugeMetricFamily("memd_session_recommended_workers", "Dataloader workers the plan recommends", labels=SESSION_LABELS),
+            "throttle": GaugeMetricFamily("memd_session_throttle", "1 while the plan asks data loading to pause", labels=SESSION_LABELS),
+            "used": GaugeMetricFamily("memd_session_batch_size", "Batch size of the session's last report", labels=SESSION_LABELS),
+            "peak": GaugeMetricFamily("memd_session_peak_bytes", "Peak memory of the session's last report", labels=SESSION_LABELS),
+            "budget": GaugeMetricFamily("memd_session_budget_bytes", "Largest peak the session's pool allows now", labels=SESSION_LABELS),
+            "predicted": GaugeMetricFamily("memd_session_predicted_peak_bytes", "Peak the learned curve predicts for the plan", labels=SESSION_LABELS),
+            "ooms": CounterMetricFamily("memd_session_ooms", "Out-of-memory errors the session reported", labels=SESSION_LABELS),
+            "reports": CounterMetricFamily("memd_session_reports", "Step reports the session sent", labels=SESSION_LABELS),
+        }
+        for s in sessions:
+            labels = [str(s.sid), s.job, "" if s.rank is None else str(s.rank), s.pool or ""]
+            plan = s.plan
+            if plan is not None:
+                families["batch"].add_metric(labels, plan.batch_size)
+                families["accum"].add_metric(labels, plan.grad_accum_steps)
+                families["effective"].add_metric(labels, plan.effective_batch_size)
+                families["workers"].add_metric(labels, plan.num_workers)
+                families["throttle"].add_metric(labels, int(plan.throttle))
+            if s.latest_batch is not None:
+                families["used"].add_metric(labels, s.latest_batch)
+            if s.latest_peak is not None:
+                families["peak"].add_metric(labels, s.latest_peak)
+            if s.budget_bytes is not None:
+                families["budget"].add_metric(labels, s.budget_bytes)
+            if s.predicted_peak_bytes is not None:
+                families["predicted"].add_metric(labels, s.predicted_peak_bytes)
+            families["ooms"].add_metric(labels, s.ooms)
+            families["reports"].add_metric(labels, s.reports)
+        yield from families.values()
+
+    def _health(self) -> Iterator[Metric]:
+        core = self.core
+        requests = CounterMetricFamily("memd_requests", "Requests answered, by op and outcome", labels=["op", "outcome"])
+        for (op, outcome), count in sorted(core.requests.items()):
+            requests.add_metric([op, outcome], count)
+        yield requests
+        latency = HistogramMetricFamily("memd_request_duration_seconds", "Time to handle one request")
+        buckets = [(repr(bound), count) for bound, count in core.latency.cumulative()] + [("+Inf", core.latency.count)]
+        latency.add_metric([], buckets, core.latency.sum)
+        yield latency
+        errors = CounterMetricFamily("memd_sample_errors", "Failed reads while sampling, by source", labels=["source"])
+        for source, count in sorted(core.sample_errors.items()):
+            errors.add_metric([source], count)
+        yield errors
+        yield CounterMetricFamily("memd_sessions_expired", "Sessions dropped for silence or a vanished process",
+                                  value=core.sessions_expired)
+        yield CounterMetricFamily("memd_training_ooms", "Out-of-memory errors reported by all sessions",
+                                  value=core.ooms_reported)
+        if core.snapshot is not None:
+            yield _gauge("memd_sample_duration_seconds", "Time the last sample took", core.snapshot.duration_seconds)
+            yield _gauge("memd_last_sample_timestamp_seconds", "Wall-clock time of the last sample", core.snapshot.taken_at)
+        yield _gauge("memd_remembered_jobs", "Job curves kept in the state directory", len(core.store))
+
+
+def _host(snap: Snapshot) -> Iterator[Metric]:
+    m = snap.system
+    yield _gauge("memd_host_memory_total_bytes", "Host RAM", m.total_bytes)
+    yield _gauge("memd_host_memory_available_bytes", "Host RAM available without swapping (MemAvailable)", m.available_bytes)
+    yield _gauge("memd_host_memory_used_bytes", "Host RAM not available (total minus available)", m.used_bytes)
+    yield _gauge("memd_host_swap_total_bytes", "Swap space", m.swap_total_bytes)
+    yield _gauge("memd_host_swap_used_bytes", "Swap in use", m.swap_used_bytes)
+    model = InfoMetricFamily("memd_memory_model", "Memory model: discrete, unified or cpu")
+    model.add_metric([], {"model": snap.memory_model})
+    yield model
+    yield _gauge("memd_unified_memory", "1 when GPU and CPU share one memory pool", int(snap.memory_model == UNIFIED))
+    if snap.pressure is not None:
+        ratio = GaugeMetricFamily("memd_memory_pressure_ratio",
+                                  "Share of time tasks stalled on memory (PSI), by kind and window in seconds",
+                                  labels=["kind", "window"])
+        for kind in ("some", "full"):
+            for window, attr in PSI_WINDOWS:
+                ratio.add_metric([kind, window], getattr(snap.pressure, "%s_%s" % (kind, attr)))
+        yield ratio
+        stall = CounterMetricFamily("memd_memory_pressure_stall_seconds", "Cumulative memory stall time (PSI)",
+                                    labels=["kind"])
+        stall.add_metric(["some"], snap.pressure.some_total_seconds)
+        stall.add_metric(["full"], snap.pressure.full_total_seconds)
+        yield stall
+    if snap.oom_kills is not None:
+        yield CounterMetricFamily("memd_host_oom_kills", "Processes the kernel OOM killer ended since boot",
+                                  value=snap.oom_kills)
+    cg = snap.cgroup
+    if cg is not None:
+        labels = ["version", "path"]
+        values = [str(cg.version), cg.path]
+        for name, help_text, value in (
+            ("memd_cgroup_memory_limit_bytes", "memd's cgroup memory limit (absent when unlimited)", cg.limit_bytes),
+            ("memd_cgroup_memory_high_bytes", "memd's cgroup memory.high throttle point (v2)", cg.high_bytes),
+            ("memd_cgroup_memory_usage_bytes", "memd's cgroup memory usage", cg.usage_bytes),
+            ("memd_cgroup_memory_working_set_bytes", "Usage minus inactive file pages", cg.working_set_bytes),
+        ):
+            if value is not None:
+                family = GaugeMetricFamily(name, help_text, labels=labels)
+                family.add_metric(values, value)
+                yield family
+        for name, help_text, value in (
+            ("memd_cgroup_oom_events", "Times the cgroup hit its limit and reclaim failed", cg.oom_events),
+            ("memd_cgroup_oom_kill_events", "Processes killed by the OOM killer in the cgroup", cg.oom_kill_events),
+        ):
+            if value is not None:
+                family = CounterMetricFamily(name, help_text, labels=labels)
+                family.add_metric(values, value)
+                yield family
+
+
+def _gpus(snap: Snapshot) -> Iterator[Metric]:
+    if not snap.gpus:
+        return
+    fields = (
+        ("total_bytes", "memd_gpu_memory_total_bytes", "GPU memory"),
+        ("used_bytes", "memd_gpu_memory_used_bytes", "GPU memory in use (excluding reserved)"),
+        ("free_bytes", "memd_gpu_memory_free_bytes", "GPU memory free"),
+        ("reserved_bytes", "memd_gpu_memory_reserved_bytes", "GPU memory reserved by the driver"),
+        ("utilization", "memd_gpu_utilization_ratio", "Share of time a kernel ran on the GPU"),
+    )
+    families = {attr: GaugeMetricFamily(name, help_text, labels=GPU_LABELS) for attr, name, help_text in fields}
+    healthy = GaugeMetricFamily("memd_gpu_healthy", "1 while the GPU answers, 0 when lost or failing", labels=GPU_LABELS)
+    unified = GaugeMetricFamily("memd_gpu_unified_memory", "1 when the GPU uses host memory", labels=GPU_LABELS)
+    for gpu in snap.gpus:
+        labels = [str(gpu.index), gpu.uuid, gpu.name, gpu.mig_parent_uuid or ""]
+        for attr, family in families.items():
+            value = getattr(gpu, attr)
+            if value is not None:
+                family.add_metric(labels, value)
+        healthy.add_metric(labels, int(gpu.healthy))
+        unified.add_metric(labels, int(gpu.unified))
+    yield from families.values()
+    yield healthy
+    yield unified
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
+
+
+class MetricsServer:
+    def __init__(self, server, thread):
+        self._server, self._thread = server, thread
+
+    def shutdown(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=2.0)
+
+
+def serve(core: Core, address: str, registry: Optional[CollectorRegistry] = None) -> MetricsServer:
+    """Serve /metrics on ``address``; ConfigError (naming the flag) when the port is taken."""
+    host, port = parse_address(address)
+    registry = registry or CollectorRegistry(auto_describe=False)
+    registry.register(MemdCollector(core))
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError("metrics address %s is in use by another process "
+                              "(choose another with --metrics-address HOST:PORT, or --metrics-address off)" % address) from None
+        raise ConfigError("cannot serve metrics on %s: %s (--metrics-address)" % (address, exc.strerror or exc)) from None
+    return MetricsServer(server, thread)

@@ -1,0 +1,249 @@
+"""The protocol's operations: one handler per op, its docstring the wire specification.
+
+Each handler takes the Core and the decoded request map and returns the ``result`` map; it
+raises Invalid for a bad field and lets UnknownSession / TooManySessions through. Only the
+server adds the envelope (v, id, ok) and maps exceptions to error codes (docs/protocol.md).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Optional
+
+from memd.client import protocol
+from memd.core import VERSION, Core
+from memd.planner import check_remembered, plan_session, pool_for, pool_key, prior_from_hints
+from memd.policy.controller import Limits, after_oom, after_report
+from memd.policy.fit import Observation
+from memd.sampling import procs
+from memd.sampling.snapshot import as_json
+from memd.sessions import Session
+
+Result = Dict[str, Any]
+
+
+class Invalid(ValueError):
+    """A request field is missing, of the wrong type, or out of range."""
+
+
+class NotReady(RuntimeError):
+    """The daemon has not taken its first sample yet."""
+
+
+def hello(core: Core, req: Dict[str, Any]) -> Result:
+    """Register a job.
+
+    Request: job (str), pid (int), host (str), min_batch (int >= 1); optional max_batch,
+    default_batch, target_effective_batch (int >= 1), rank, local_rank, world_size (int >= 0),
+    device (str, e.g. "cuda:0"), device_uuid (str), cuda_visible_devices (str), hints (map of
+    scalars: num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...).
+    Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
+    """
+    limits = Limits(
+        min_batch=_int(req, "min_batch", default=1, low=1),
+        max_batch=_int(req, "max_batch", low=1),
+        default_batch=_int(req, "default_batch", low=1),
+        target=_int(req, "target_effective_batch", low=1),
+    )
+    if limits.max_batch is not None and limits.max_batch < limits.min_batch:
+        raise Invalid("max_batch %d is below min_batch %d" % (limits.max_batch, limits.min_batch))
+    hints = req.get("hints") or {}
+    if not isinstance(hints, dict) or len(hints) > 64 or not all(
+            isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str))) for k, v in hints.items()):
+        raise Invalid("hints must be a map of at most 64 scalars")
+    limits = Limits(limits.min_batch, limits.max_batch, limits.default_batch, limits.target,
+                    num_workers=_hint_count(hints, "num_workers"), prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
+    pid = _int(req, "pid", required=True, low=1)
+    host = _str(req, "host", required=True, limit=255)
+    local = host == core.host and os.path.exists(os.path.join(core.proc_root, str(pid)))
+    snapshot = _snapshot(core)
+    session = core.sessions.open(
+        job=_str(req, "job", required=True, limit=128), pid=pid, host=host, local=local,
+        start_time=procs.process_start_time(pid, core.proc_root) if local else None, limits=limits,
+        rank=_int(req, "rank", low=0), world_size=_int(req, "world_size", low=1),
+        device=_str(req, "device", limit=64), device_uuid=_str(req, "device_uuid", limit=96),
+        visible_devices=_str(req, "cuda_visible_devices", limit=256), hints=dict(hints),
+        prior=prior_from_hints(hints),
+    )
+    pool = pool_for(session, snapshot, None, core.config.policy)
+    memory = core.store.recall(session.job, pool_key(pool, snapshot))
+    if memory is not None:
+        session.remembered = list(memory.observations)
+    decision = _decide(core, session)
+    return {"token": session.token, "plan": decision.plan.to_wire(), "session_ttl": core.config.session_ttl}
+
+
+def plan(core: Core, req: Dict[str, Any]) -> Result:
+    """The plan to follow now.
+
+    Request: token. Reply: plan (batch_size, grad_accum_steps, effective_batch_size, num_workers,
+    prefetch_factor, throttle, pressure, reason, source, fresh_for).
+    """
+    session = core.sessions.get(req.get("token"))
+    return {"plan": _decide(core, session).plan.to_wire()}
+
+
+def report(core: Core, req: Dict[str, Any]) -> Result:
+    """What one step cost. Clients send it without waiting; the reply carries the new plan.
+
+    Request: token, batch_size (int >= 1); optional peak_bytes (int >= 0; absent or null: the
+    daemon measures the job itself), base_bytes (memory held between steps), step (int >= 0),
+    step_seconds (number >= 0). Reply: plan.
+    """
+    session = core.sessions.get(req.get("token"))
+    batch = _int(req, "batch_size", required=True, low=1)
+    peak = _int(req, "peak_bytes", low=0)
+    base = _int(req, "base_bytes", low=0)
+    _int(req, "step", low=0)
+    _number(req, "step_seconds")
+    if peak is None:
+        peak = _measure_peak(core, session)
+    if peak:
+        observation = Observation(batch, peak, base)
+        if not session.observations:
+            check_remembered(session, observation)
+        session.observations.append(observation)
+        session.latest_peak, session.latest_batch = peak, batch
+    session.reports += 1
+    session.state = after_report(session.state, batch)
+    return {"plan": _decide(core, session).plan.to_wire()}
+
+
+def oom(core: Core, req: Dict[str, Any]) -> Result:
+    """A step ran out of memory at batch_size. The client waits for this reply.
+
+    Request: token, batch_size (int >= 1). Reply: plan (at most 75 % of batch_size).
+    """
+    session = core.sessions.get(req.get("token"))
+    batch = _int(req, "batch_size", required=True, low=1)
+    session.ooms += 1
+    core.ooms_reported += 1
+    session.state = after_oom(session.state, batch, session.limits, core.config.policy)
+    return {"plan": _decide(core, session).plan.to_wire()}
+
+
+def bye(core: Core, req: Dict[str, Any]) -> Result:
+    """End a session; what it learned is kept for the job's next run.
+
+    Request: token. Reply: {} (an unknown token is not an error: bye is idempotent).
+    """
+    token = req.get("token")
+    session = core.sessions.close(token) if isinstance(token, str) else None
+    if session is not None:
+        remember(core, session)
+    return {}
+
+
+def status(core: Core, req: Dict[str, Any]) -> Result:
+    """The daemon's view of the machine and its sessions (no tokens).
+
+    Request: nothing. Reply: version, host, uptime_seconds, pressure_level, snapshot (the
+    `memd sample --json` fields), sessions: [{job, pid, host, rank, pool, reports, ooms,
+    latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, plan}].
+    """
+    snapshot = core.snapshot
+    return {
+        "version": VERSION,
+        "host": core.host,
+        "uptime_seconds": round(core.uptime(), 3),
+        "pressure_level": core.pressure.level,
+        "snapshot": as_json(snapshot) if snapshot is not None else None,
+        "sessions": [_session_view(s) for s in core.sessions],
+    }
+
+
+def ping(core: Core, req: Dict[str, Any]) -> Result:
+    """Liveness. Request: nothing. Reply: pong (true), version, uptime_seconds."""
+    return {"pong": True, "version": VERSION, "uptime_seconds": round(core.uptime(), 3)}
+
+
+HANDLERS: Dict[str, Callable[[Core, Dict[str, Any]], Result]] = {
+    "hello": hello, "plan": plan, "report": report, "oom": oom, "bye": bye, "status": status, "ping": ping,
+}
+assert set(HANDLERS) == set(protocol.OPS)
+
+
+def remember(core: Core, session: Session) -> None:
+    """Keep a session's observations (and OOM ceiling) for the job's next run."""
+    snapshot = core.snapshot
+    if snapshot is None or session.pool is None or (not session.observations and session.state.ceiling is None):
+        return
+    pool = pool_for(session, snapshot, core.jobs.get(session.pid), core.config.policy)
+    core.store.remember(session.job, pool_key(pool, snapshot), list(session.observations), session.state.ceiling)
+
+
+def _decide(core: Core, session: Session):
+    return plan_session(session, _snapshot(core), core.pressure.level, core.sessions, core.jobs, core.config.policy)
+
+
+def _snapshot(core: Core):
+    if core.snapshot is None:
+        raise NotReady("the daemon has not sampled the machine yet")
+    return core.snapshot
+
+
+def _measure_peak(core: Core, session: Session) -> Optional[int]:
+    """The job's peak since its last report, measured here: GPU memory on its device (NVML,
+    which includes what PyTorch's allocator keeps reserved), else the trainer's peak RSS."""
+    if not session.local:
+        return None
+    job = core.jobs.get(session.pid)
+    if session.pool not in (None, "host") and job is not None:
+        gpu = job.gpu_bytes()
+        if gpu:
+            return gpu
+    peak = procs.read_peak_rss(session.pid, core.proc_root)
+    procs.reset_peak_rss(session.pid, core.proc_root)
+    return peak
+
+
+def _session_view(s: Session) -> Result:
+    return {
+        "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool,
+        "reports": s.reports, "ooms": s.ooms, "latest_batch": s.latest_batch,
+        "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes,
+        "predicted_peak_bytes": int(s.predicted_peak_bytes) if s.predicted_peak_bytes is not None else None,
+        "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
+    }
+
+
+def _int(req: Dict[str, Any], name: str, required: bool = False, default: Optional[int] = None,
+         low: Optional[int] = None) -> Optional[int]:
+    value = req.get(name)
+    if value is None:
+        if required:
+            raise Invalid("%s is required" % name)
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise Invalid("%s must be an integer, not %s" % (name, type(value).__name__))
+    if low is not None and value < low:
+        raise Invalid("%s must be >= %d, got %d" % (name, low, value))
+    if value > 2 ** 62:
+        raise Invalid("%s is too large" % name)
+    return value
+
+
+def _number(req: Dict[str, Any], name: str) -> Optional[float]:
+    value = req.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e9:
+        raise Invalid("%s must be a number >= 0" % name)
+    return float(value)
+
+
+def _str(req: Dict[str, Any], name: str, required: bool = False, limit: int = 256) -> Optional[str]:
+    value = req.get(name)
+    if value is None:
+        if required:
+            raise Invalid("%s is required" % name)
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise Invalid("%s must be a string of at most %d characters" % (name, limit))
+    return value
+
+
+def _hint_count(hints: Dict[str, Any], name: str, low: int = 0) -> Optional[int]:
+    value = hints.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= low:
+        return value
+    return None

@@ -1,0 +1,100 @@
+"""Assemble one session's inputs for the controller and record its decision.
+
+Everything here is a function of values the daemon already holds (the latest Snapshot, the
+jobs' process trees, the sessions): no sampling, no sockets. It is the seam between the
+registry of sessions and the pure policy.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional
+
+from memd.config import PolicyConfig
+from memd.policy import budget
+from memd.policy.controller import Decision, decide
+from memd.policy.fit import Observation, Prior, fit
+from memd.policy.pressure import rank
+from memd.sampling.sampler import JobMemory
+from memd.sampling.snapshot import DISCRETE, Snapshot
+from memd.sessions import Session
+
+AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
+
+
+def pool_for(session: Session, snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> budget.Pool:
+    if snapshot.memory_model == DISCRETE:
+        pids = budget.job_pids(job) if job is not None else [session.pid]
+        gpu = budget.find_gpu(snapshot.gpus, session.device_uuid, session.device, session.visible_devices, pids)
+        pool = budget.gpu_pool(gpu, job, cfg) if gpu is not None else None
+        if pool is not None:
+            return pool
+    return budget.host_pool(snapshot, job, cfg)
+
+
+def pool_key(pool: budget.Pool, snapshot: Snapshot) -> str:
+    """What must match for a remembered curve to apply: the same kind and size of pool."""
+    for gpu in snapshot.gpus:
+        if gpu.uuid == pool.name:
+            return "gpu:%s:%d" % (gpu.name, gpu.total_bytes or 0)
+    return "%s:%d" % (pool.kind, pool.capacity_bytes // 2 ** 30)
+
+
+def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session]) -> int:
+    """Growth already promised to the other sessions in a pool, not yet visible as usage."""
+    total = 0
+    for other in sessions:
+        if other is session or other.pool != pool_name or other.predicted_peak_bytes is None:
+            continue
+        held = other.latest_peak or 0
+        total += max(0, int(other.predicted_peak_bytes) - held)
+    return total
+
+
+def curve_for(session: Session):
+    """The session's curve. A remembered curve joins the fit once the job's first report agrees
+    with it (check_remembered); before that it is only a prior, so it can lower the first plan
+    but never jump it."""
+    if session.observations:
+        return fit(list(session.remembered) + list(session.observations), session.prior)
+    remembered = fit(session.remembered) if session.remembered else None
+    if remembered is not None:
+        return fit([], Prior(int(remembered.fixed_bytes), int(remembered.per_sample_bytes), "remembered"))
+    return fit([], session.prior)
+
+
+def check_remembered(session: Session, first: Observation) -> None:
+    """Keep a remembered curve only if it predicts this job's first real report."""
+    if not session.remembered:
+        return
+    curve = fit(session.remembered)
+    if curve is None or abs(curve.peak(first.batch) - first.peak_bytes) > AGREE * first.peak_bytes:
+        session.remembered = []
+
+
+def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions: Iterable[Session],
+                 jobs: Dict[int, JobMemory], cfg: PolicyConfig) -> Decision:
+    job = jobs.get(session.pid) if session.local else None
+    pool = pool_for(session, snapshot, job, cfg)
+    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions))
+    level = host_level
+    if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
+        level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
+    curve = curve_for(session)
+    decision = decide(
+        curve, pool, session.limits, session.state, level, cfg,
+        latest_peak=session.latest_peak, latest_batch=session.latest_batch,
+        worker_bytes=job.worker_bytes if job is not None else None,
+        host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
+    )
+    session.plan = decision.plan
+    session.state = decision.state
+    session.pool = pool.name
+    session.budget_bytes = decision.budget_bytes
+    session.predicted_peak_bytes = decision.predicted_peak_bytes
+    return decision
+
+
+def prior_from_hints(hints: Dict[str, object]) -> Optional[Prior]:
+    fixed, per_sample = hints.get("fixed_bytes"), hints.get("per_sample_bytes")
+    if isinstance(fixed, (int, float)) and isinstance(per_sample, (int, float)) and fixed >= 0 and per_sample > 0:
+        return Prior(int(fixed), int(per_sample), "hints")
+    return None

@@ -1,0 +1,131 @@
+"""How much memory a job's peak may reach: the pool it draws on and what is left in it.
+
+discrete:     the job's GPU (matched by UUID): device total minus what others use.
+unified, cpu: one pool for everything: min(host RAM, the job's cgroup limit), minus every
+              other process, the job's own dataloader workers included.
+In both, the job may grow to what it holds now (in the units it reports) plus what is free,
+minus a safety margin and minus the growth already promised to other sessions in the pool.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from memd.config import PolicyConfig
+from memd.sampling.sampler import JobMemory
+from memd.sampling.snapshot import DISCRETE, Gpu, Snapshot
+
+HOST = "host"
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str  # HOST, or the GPU's uuid
+    kind: str  # the snapshot's memory model ("discrete" only for a GPU pool)
+    capacity_bytes: int
+    free_bytes: int  # capacity minus everything in use now
+    own_bytes: Optional[int]  # what the job holds in this pool now; None when unknown
+    margin_bytes: int
+    reserved_bytes: int = 0  # growth promised to other sessions sharing the pool
+
+    def budget(self, latest_peak: Optional[int]) -> int:
+        """The largest peak (in the job's reported units) that still fits.
+
+        The job holds ``own`` now; reports may leave part of it out (the CUDA context, the
+        Python heap), and ``min(own, latest_peak)`` counts only the part its reports include.
+        When ``own`` is unknown the job is assumed to hold its last reported peak (true of
+        PyTorch's caching allocator, which keeps what it reserved).
+        """
+        if self.own_bytes is None:
+            held = latest_peak or 0
+        elif latest_peak is None:
+            held = self.own_bytes
+        else:
+            held = min(self.own_bytes, latest_peak)
+        return self.free_bytes + held - self.margin_bytes - self.reserved_bytes
+
+    def with_reserved(self, reserved_bytes: int) -> "Pool":
+        return Pool(self.name, self.kind, self.capacity_bytes, self.free_bytes, self.own_bytes,
+                    self.margin_bytes, max(0, reserved_bytes))
+
+
+def margin(capacity: int, cfg: PolicyConfig) -> int:
+    return max(int(capacity * cfg.margin_ratio), cfg.margin_min_bytes)
+
+
+def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Optional[str] = None,
+             visible: Optional[str] = None, pids: Sequence[int] = ()) -> Optional[Gpu]:
+    """The job's GPU: by UUID; else through CUDA_VISIBLE_DEVICES and the CUDA index; else the GPU
+    its processes use; else the only GPU there is. CUDA and NVML indices differ, so an index
+    alone is trusted only when nothing else is known."""
+    healthy = [g for g in gpus if g.healthy or g.uuid]
+    if device_uuid:
+        want = _bare_uuid(device_uuid)
+        for gpu in healthy:
+            if _bare_uuid(gpu.uuid) == want:
+                return gpu
+    index = _cuda_index(device)
+    if index is not None and visible:
+        entries = [v.strip() for v in visible.split(",") if v.strip()]
+        if index < len(entries):
+            entry = entries[index]
+            for gpu in healthy:
+                if entry.isdigit() and gpu.index == int(entry) and gpu.mig_parent_uuid is None:
+                    return gpu
+                if not entry.isdigit() and _bare_uuid(gpu.uuid).startswith(_bare_uuid(entry)):
+                    return gpu
+    pid_set = set(pids)
+    for gpu in healthy:
+        if any(p.pid in pid_set for p in gpu.processes):
+            return gpu
+    if index is not None and not visible:
+        for gpu in healthy:
+            if gpu.index == index and gpu.mig_parent_uuid is None:
+                return gpu
+    return healthy[0] if len(healthy) == 1 else None
+
+
+def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[Pool]:
+    if gpu.total_bytes is None or gpu.used_bytes is None or not gpu.healthy:
+        return None
+    free = gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes - gpu.used_bytes
+    own = None
+    if job is not None:
+        pids = set(job_pids(job))
+        known = [p.used_bytes for p in gpu.processes if p.pid in pids and p.used_bytes is not None]
+        own = sum(known) if known else None
+    return Pool(gpu.uuid, DISCRETE, gpu.total_bytes, max(0, free), own, margin(gpu.total_bytes, cfg))
+
+
+def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> Pool:
+    """The host pool as the job sees it: bounded by its own cgroup when that is smaller."""
+    capacity = snapshot.system.total_bytes
+    free = snapshot.system.available_bytes
+    cg = job.cgroup if job is not None and job.cgroup is not None else snapshot.cgroup
+    if cg is not None and cg.limit_bytes is not None and cg.limit_bytes < capacity:
+        used = cg.working_set_bytes if cg.working_set_bytes is not None else (cg.usage_bytes or 0)
+        capacity = cg.limit_bytes
+        free = min(free, max(0, cg.limit_bytes - used))
+    own = job.host_bytes if job is not None else None
+    return Pool(HOST, snapshot.memory_model, capacity, free, own, margin(capacity, cfg))
+
+
+def job_pids(job: JobMemory) -> Sequence[int]:
+    return [p.pid for p in job.processes]
+
+
+def _bare_uuid(uuid: str) -> str:
+    uuid = uuid.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if uuid.startswith(prefix):
+            return uuid[len(prefix):]
+    return uuid
+
+
+def _cuda_index(device: Optional[str]) -> Optional[int]:
+    if device is None:
+        return None
+    text = str(device).strip().lower()
+    if text.startswith("cuda:"):
+        text = text[5:]
+    return int(text) if text.isdigit() else None

@@ -1,0 +1,193 @@
+"""The Plan: which batch, accumulation, workers and prefetch a job should use now, and why.
+
+A pure function of (the job's learned curve, its pool, its limits, its control state, the
+pressure level, the config). Moves, in order:
+1. the curve's largest batch under the pool's budget (none before the first report: the job's
+   default, or half what a prior allows: never a blind jump on a prior alone);
+2. after an OOM: cut 25 % and never exceed the ceiling (the failed batch minus one); hold the
+   cut until ``stable_steps`` clean reports, then grow back toward the ceiling;
+3. pressure: elevated and high hold growth, high also trims workers and prefetch, critical cuts
+   the batch once per episode by the same 25 % and sets ``throttle``;
+4. the job's min/max, then the effective-batch rule (split_batch).
+Every plan carries a one-line reason that names the move that decided it.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import List, Optional
+
+from memd.client.plan import Plan, split_batch
+from memd.config import PolicyConfig
+
+from .budget import Pool
+from .fit import Curve
+from .pressure import rank
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Limits:
+    min_batch: int = 1
+    max_batch: Optional[int] = None
+    default_batch: Optional[int] = None
+    target: Optional[int] = None  # the effective batch to keep
+    num_workers: Optional[int] = None  # what the job would like (hint)
+    prefetch_factor: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ControlState:
+    batch: Optional[int] = None  # the batch size of the last plan
+    ceiling: Optional[int] = None  # largest batch allowed since an OOM
+    stable: int = 0  # clean reports since the last cut
+    critical_cut: bool = False  # the batch was already cut in the current critical episode
+
+
+@dataclass(frozen=True)
+class Decision:
+    plan: Plan
+    state: ControlState
+    budget_bytes: Optional[int]
+    predicted_peak_bytes: Optional[float]
+
+
+def after_report(state: ControlState, batch: int) -> ControlState:
+    """A clean step at ``batch``."""
+    return replace(state, stable=state.stable + 1 if batch == state.batch or state.batch is None else state.stable)
+
+
+def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig) -> ControlState:
+    """An OOM at ``batch``: the ceiling drops below it and the batch is cut by ``oom_cut``."""
+    ceiling = max(limits.min_batch, batch - 1)
+    if state.ceiling is not None:
+        ceiling = min(ceiling, state.ceiling)
+    cut = max(limits.min_batch, int(batch * (1 - cfg.oom_cut)))
+    return ControlState(batch=min(cut, ceiling), ceiling=ceiling, stable=0, critical_cut=state.critical_cut)
+
+
+def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: ControlState, level: str,
+           cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
+           worker_bytes: Optional[List[int]] = None, host_total_bytes: Optional[int] = None,
+           host_free_bytes: Optional[int] = None) -> Decision:
+    budget = pool.budget(latest_peak) if pool is not None else None
+    current = state.batch
+    limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
+
+    if state.ceiling is not None and state.batch is not None:
+        if state.stable < cfg.stable_steps:
+            if limit > state.batch:
+                limit, reason = state.batch, "holding %d after an out-of-memory error (%d/%d stable steps)" % (
+                    state.batch, state.stable, cfg.stable_steps)
+        if limit > state.ceiling:
+            limit, reason = state.ceiling, "at the ceiling %d below the batch that ran out of memory" % state.ceiling
+
+    critical_cut = state.critical_cut
+    if level != "critical":
+        critical_cut = False
+    if rank(level) >= rank("elevated") and current is not None and limit > current:
+        limit, reason = current, "holding %d: memory pressure is %s" % (current, level)
+    if level == "critical" and current is not None and not critical_cut:
+        cut = max(limits.min_batch, int(current * (1 - cfg.oom_cut)))
+        if cut < limit:
+            limit, reason = cut, "cut %d -> %d: memory pressure is critical" % (current, cut)
+        critical_cut = True
+
+    if limits.max_batch is not None and limit > limits.max_batch:
+        limit = limits.max_batch
+        reason += "; capped at max_batch %d" % limits.max_batch
+    if limit < limits.min_batch:
+        reason += "; even min_batch %d may not fit" % limits.min_batch
+        limit = limits.min_batch
+    batch, steps, note = split_batch(limit, limits.target, limits.min_batch)
+    if note:
+        reason += "; " + note
+    elif steps > 1 or batch != limit:
+        reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
+
+    workers, prefetch, worker_note = _workers(limits, worker_bytes, pool, level, host_total_bytes,
+                                              host_free_bytes, budget, curve, batch)
+    if worker_note:
+        reason += "; " + worker_note
+    plan = Plan(
+        batch_size=batch,
+        grad_accum_steps=steps,
+        effective_batch_size=batch * steps,
+        num_workers=workers,
+        prefetch_factor=prefetch if workers > 0 else None,
+        throttle=level == "critical",
+        pressure=level,
+        reason=reason,
+        source="daemon",
+        fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4,
+    )
+    predicted = curve.peak(batch) if curve is not None else None
+    new_state = replace(state, batch=batch, critical_cut=critical_cut)
+    return Decision(plan, new_state, budget, predicted)
+
+
+def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, current: Optional[int],
+                 latest_peak: Optional[int], latest_batch: Optional[int], cfg: PolicyConfig):
+    """(limit, reason) from the curve and the budget alone."""
+    start = limits.default_batch or limits.target or limits.min_batch
+    if limits.max_batch is not None:
+        start = min(start, limits.max_batch)
+    if curve is None or budget is None:
+        if current is not None:
+            return current, "keeping %d: no memory curve yet" % current
+        return start, "starting at %d: no reports yet" % start
+    fits = curve.max_batch(budget)
+    if curve.source == "prior" and curve.batch_sizes == 0:
+        # Only a prior: start no higher than the job's default, or half what the prior allows.
+        first = min(start, fits) if limits.default_batch else max(limits.min_batch, fits // 2)
+        return max(first, 1), "starting at %d from the prior estimate (%.1f GB fixed + %.2f GB/sample, budget %.1f GB)" % (
+            max(first, 1), curve.fixed_bytes / GB, curve.per_sample_bytes / GB, budget / GB)
+    anchor = latest_batch or current or start
+    if curve.source == "prior" and fits > anchor * cfg.max_growth:
+        return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
+            anchor, int(anchor * cfg.max_growth), fits)
+    if (curve.source == "bound" and fits <= anchor and latest_peak and latest_batch
+            and budget - latest_peak >= 0.5 * latest_peak / latest_batch):
+        # One batch size seen and no provable room: probe one more sample to learn the slope.
+        return anchor + 1, "probing %d -> %d to learn the per-sample cost (%.2f GB free of the budget)" % (
+            anchor, anchor + 1, (budget - latest_peak) / GB)
+    peak = curve.peak(max(fits, 1)) / GB
+    return fits, "%d fits: predicted peak %.2f GB of a %.2f GB budget (%s from %d batch size%s)" % (
+        fits, peak, budget / GB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
+
+
+# Seed 000's worker table for unified machines, used before any worker is measured.
+_UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))
+
+
+def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[Pool], level: str,
+             host_total: Optional[int], host_free: Optional[int], budget: Optional[int], curve: Optional[Curve],
+             batch: int):
+    """(num_workers, prefetch_factor, note)."""
+    measured = [b for b in (worker_bytes or []) if b > 0]
+    wanted = limits.num_workers if limits.num_workers is not None else len(measured)
+    prefetch = limits.prefetch_factor or 2
+    note = ""
+    shared_pool = pool is not None and pool.kind != "discrete"
+    if measured:
+        per_worker = statistics.median(measured)
+        if shared_pool and budget is not None and curve is not None:
+            spare = budget - curve.peak(batch)  # workers compete with the batch: batch first
+        else:
+            spare = (host_free or 0) - (pool.margin_bytes if pool is not None else 0)
+        affordable = max(0, len(measured) + int(spare // per_worker))
+        if affordable < wanted:
+            note = "%d workers of %.2f GB each fit, not %d" % (affordable, per_worker / GB, wanted)
+            wanted = affordable
+    elif shared_pool and host_total:
+        table = next(n for floor, n in _UNIFIED_WORKER_TABLE if host_total >= floor)
+        if limits.num_workers is None:
+            wanted = table
+        elif table < wanted:
+            note = "%d workers for %.0f GB of shared memory (seed 000's table)" % (table, host_total / GB)
+            wanted = table
+    if rank(level) >= rank("high"):
+        wanted = wanted // 2 if level == "high" else 0
+        prefetch = 1
+    return max(0, wanted), (prefetch if wanted > 0 else None), note

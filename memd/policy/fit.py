@@ -1,0 +1,138 @@
+"""A job's memory curve, peak(batch) = fixed + per_sample x batch, learned from its reports.
+
+The fitted line is deliberately an *upper* bound: the batch it allows is safe, not merely
+likely. Three ideas make it so:
+- one report (b, p) with nothing else known bounds per_sample by p / b (fixed >= 0), so
+  b_max = b x budget / p is provably safe and is the natural second point;
+- with two or more batch sizes the slope is raised by two standard errors (noise assumed
+  ``noise`` x peak unless repeated reports at one batch show the actual spread), and the
+  intercept is lifted until every observed point lies under the line;
+- per batch size, an isolated allocator spike (far above the others) is ignored once enough
+  reports exist; repeated spikes are believed.
+A prior (from the job's hints, via the estimators) is used only until reports exist, and the
+controller never jumps on a prior alone.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+NOISE = 0.02  # assumed relative noise of one peak report before the job shows its own
+Z = 2.0  # standard errors added to the slope
+
+
+@dataclass(frozen=True)
+class Observation:
+    batch: int
+    peak_bytes: int
+    base_bytes: Optional[int] = None  # memory held between steps (weights, optimizer), if known
+
+
+@dataclass(frozen=True)
+class Curve:
+    fixed_bytes: float
+    per_sample_bytes: float
+    source: str  # "prior", "bound" (one batch size seen), "fit" (two or more)
+    batch_sizes: int  # distinct batch sizes observed
+    confidence: float  # 0..1: grows with distinct batch sizes and their spread
+
+    def peak(self, batch: int) -> float:
+        return self.fixed_bytes + self.per_sample_bytes * batch
+
+    def max_batch(self, budget_bytes: float) -> int:
+        """The largest batch whose predicted peak fits ``budget_bytes`` (0 when none does)."""
+        room = budget_bytes - self.fixed_bytes
+        if room < 0:
+            return 0
+        if self.per_sample_bytes <= 0:
+            return 1 << 20
+        return int(math.floor(room / self.per_sample_bytes + 1e-9))
+
+
+@dataclass(frozen=True)
+class Prior:
+    fixed_bytes: int
+    per_sample_bytes: int
+    source: str = "hints"
+
+
+def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, noise: float = NOISE) -> Optional[Curve]:
+    points = aggregate(observations)
+    if not points:
+        if prior is None:
+            return None
+        return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0)
+    base = _base(observations)
+    if len(points) == 1:
+        return _one_point(points[0], base, prior)
+    return _line(points, base, noise)
+
+
+def aggregate(observations: Iterable[Observation]) -> List[Tuple[int, float, Optional[float]]]:
+    """(batch, robust peak, relative spread or None) per batch size, ascending by batch."""
+    by_batch: Dict[int, List[int]] = {}
+    for obs in observations:
+        if obs.batch >= 1 and obs.peak_bytes > 0:
+            by_batch.setdefault(obs.batch, []).append(obs.peak_bytes)
+    points = []
+    for batch in sorted(by_batch):
+        peaks = _without_isolated_spike(by_batch[batch])
+        top = float(max(peaks))
+        # The relative spread of repeated reports; None until there are enough to tell.
+        spread = (statistics.pstdev(peaks) / statistics.mean(peaks)) if len(peaks) >= 3 else None
+        points.append((batch, top, spread))
+    return points
+
+
+def _without_isolated_spike(peaks: List[int]) -> List[int]:
+    """Drop the single largest report when it stands far above an otherwise tight cluster."""
+    if len(peaks) < 5:
+        return peaks
+    ordered = sorted(peaks)
+    rest = ordered[:-1]
+    median = statistics.median(rest)
+    mad = statistics.median(abs(p - median) for p in rest)
+    if ordered[-1] > median + max(8 * mad, 0.05 * median) and ordered[-2] <= median + max(4 * mad, 0.02 * median):
+        return rest
+    return peaks
+
+
+def _base(observations: Sequence[Observation]) -> Optional[float]:
+    bases = [o.base_bytes for o in observations if o.base_bytes is not None and o.base_bytes > 0]
+    return float(min(bases)) if bases else None
+
+
+def _one_point(point: Tuple[int, float, Optional[float]], base: Optional[float], prior: Optional[Prior]) -> Curve:
+    batch, peak, _ = point
+    if base is not None and base < peak:
+        # Memory held between steps is batch-independent, so (peak - base) / b bounds per_sample.
+        return Curve(base, (peak - base) / batch, "bound", 1, 0.5)
+    if prior is not None and 0 < prior.per_sample_bytes * batch < peak:
+        return Curve(peak - prior.per_sample_bytes * batch, float(prior.per_sample_bytes), "prior", 1, 0.3)
+    return Curve(0.0, peak / batch, "bound", 1, 0.25)
+
+
+def _line(points: List[Tuple[int, float, Optional[float]]], base: Optional[float], noise: float) -> Curve:
+    xs = [float(b) for b, _, _ in points]
+    ys = [p for _, p, _ in points]
+    n = len(points)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    # Noise per report: what repeated reports showed, else the assumed level.
+    seen = [spread for _, _, spread in points if spread is not None]
+    rel = max(seen + [noise / 10]) if seen else noise
+    sigma = rel * my
+    residual = math.sqrt(sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys)) / (n - 2)) if n > 2 else 0.0
+    se = max(sigma, residual) / math.sqrt(sxx)
+    upper = max(0.0, slope) + Z * se
+    if base is not None:
+        # Between-step memory bounds per_sample from above at every observed batch.
+        upper = min(upper, max(((y - base) / x for x, y in zip(xs, ys))))
+        upper = max(upper, 0.0)
+    fixed = max(y - upper * x for x, y in zip(xs, ys))
+    # The share of the slope we are sure of: 1 when the data pin it down, 0 when noise dominates.
+    confidence = max(0.0, min(1.0, slope / upper)) if upper > 0 else 1.0
+    return Curve(max(fixed, 0.0), upper, "fit", n, round(confidence, 3))

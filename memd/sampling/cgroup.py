@@ -1,0 +1,200 @@
+"""The memory cgroup a process lives in (v1 or v2): its ceiling, usage and OOM events.
+
+A job in a container, a Slurm step or a Kubernetes pod is bounded by its own cgroup, not by the
+host's RAM, so the budget must come from here. The effective limit is the smallest along the
+path to the root (a parent's limit binds its children). Working set is usage minus inactive
+file pages, as cAdvisor and the kubelet compute it: what the kernel cannot cheaply reclaim.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+from .snapshot import Cgroup
+from .system import parse_pressure
+
+# v1 reports "no limit" as the largest page-aligned signed 64-bit value.
+_V1_UNLIMITED = 0x7FFFFFFFFFFFF000
+
+
+@dataclass(frozen=True)
+class _Mount:
+    root: str  # the hierarchy path mounted there (not "/" inside containers without cgroupns)
+    point: str
+    version: int
+
+
+def read_cgroup(pid: Optional[int] = None, proc_root: str = "/proc") -> Optional[Cgroup]:
+    """The memory cgroup of ``pid`` (default: this process); None when there is none to read.
+
+    Raises OSError/ValueError on unreadable files; the Sampler reports those as errors.
+    """
+    who = str(pid) if pid is not None else "self"
+    memberships = _memberships(os.path.join(proc_root, who, "cgroup"))
+    mounts = _mounts(os.path.join(proc_root, "self", "mountinfo"))
+    v1 = memberships.get("memory")
+    if v1 is not None and "memory" in mounts:
+        return _read_v1(mounts["memory"], v1)
+    v2 = memberships.get("")
+    if v2 is not None and "" in mounts:
+        mount = mounts[""]
+        if "memory" in _controllers(mount):
+            return _read_v2(mount, v2)
+    return None
+
+
+def _memberships(path: str) -> Dict[str, str]:
+    """controller -> path from /proc/PID/cgroup ("" is the v2 unified hierarchy)."""
+    found: Dict[str, str] = {}
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split(":", 2)
+            if len(parts) != 3:
+                continue
+            _, controllers, cgpath = parts
+            if controllers == "":
+                found[""] = cgpath
+            for name in controllers.split(","):
+                if name:
+                    found[name] = cgpath
+    return found
+
+
+def _mounts(path: str) -> Dict[str, _Mount]:
+    """"memory" -> the v1 memory mount, "" -> the v2 mount, from mountinfo."""
+    found: Dict[str, _Mount] = {}
+    with open(path) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, tail = left.split(), right.split()
+            if len(fields) < 5 or len(tail) < 3:
+                continue
+            fstype, options = tail[0], tail[2].split(",")
+            root, point = _unescape(fields[3]), _unescape(fields[4])
+            if fstype == "cgroup2" and "" not in found:
+                found[""] = _Mount(root, point, 2)
+            elif fstype == "cgroup" and "memory" in options and "memory" not in found:
+                found["memory"] = _Mount(root, point, 1)
+    return found
+
+
+def _directory(mount: _Mount, cgpath: str) -> str:
+    rel = cgpath
+    if mount.root != "/" and (rel == mount.root or rel.startswith(mount.root + "/")):
+        rel = rel[len(mount.root):]  # a container seeing a subtree mounted at its root
+    return os.path.join(mount.point, rel.lstrip("/"))
+
+
+def _controllers(mount: _Mount) -> List[str]:
+    try:
+        with open(os.path.join(mount.point, "cgroup.controllers")) as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def _read_v1(mount: _Mount, cgpath: str) -> Cgroup:
+    d = _directory(mount, cgpath)
+    stat = _flat_keyed(os.path.join(d, "memory.stat"))
+    limit = stat.get("hierarchical_memory_limit")
+    if limit is None:
+        limit = _int_file(os.path.join(d, "memory.limit_in_bytes"))
+    usage = _int_file(os.path.join(d, "memory.usage_in_bytes"))
+    inactive = stat.get("total_inactive_file", stat.get("inactive_file"))
+    oom = _flat_keyed(os.path.join(d, "memory.oom_control"), missing_ok=True)
+    return Cgroup(
+        version=1,
+        path=cgpath,
+        limit_bytes=None if limit is None or limit >= _V1_UNLIMITED else limit,
+        usage_bytes=usage,
+        working_set_bytes=_working_set(usage, inactive),
+        oom_kill_events=oom.get("oom_kill"),
+    )
+
+
+def _read_v2(mount: _Mount, cgpath: str) -> Cgroup:
+    d = _directory(mount, cgpath)
+    limit = high = None
+    # A parent's memory.max binds its children: take the smallest up to the mount point.
+    walk = d
+    while True:
+        limit = _smaller(limit, _v2_limit(os.path.join(walk, "memory.max")))
+        high = _smaller(high, _v2_limit(os.path.join(walk, "memory.high")))
+        parent = os.path.dirname(walk)
+        if os.path.normpath(walk) == os.path.normpath(mount.point) or parent == walk:
+            break
+        walk = parent
+    usage = _int_file(os.path.join(d, "memory.current"), missing_ok=True)
+    stat = _flat_keyed(os.path.join(d, "memory.stat"), missing_ok=True)
+    events = _flat_keyed(os.path.join(d, "memory.events"), missing_ok=True)
+    pressure = None
+    try:
+        with open(os.path.join(d, "memory.pressure")) as f:
+            pressure = parse_pressure(f.read())
+    except (FileNotFoundError, ValueError):
+        pass
+    except OSError as exc:
+        if exc.errno not in (95, 22):  # PSI compiled in but disabled
+            raise
+    return Cgroup(
+        version=2,
+        path=cgpath,
+        limit_bytes=limit,
+        usage_bytes=usage,
+        high_bytes=high,
+        working_set_bytes=_working_set(usage, stat.get("inactive_file")),
+        oom_events=events.get("oom"),
+        oom_kill_events=events.get("oom_kill"),
+        pressure=pressure,
+    )
+
+
+def _v2_limit(path: str) -> Optional[int]:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except FileNotFoundError:
+        return None  # the root cgroup has no memory.max
+    return None if text == "max" else int(text)
+
+
+def _smaller(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def _working_set(usage: Optional[int], inactive_file: Optional[int]) -> Optional[int]:
+    if usage is None:
+        return None
+    return max(0, usage - (inactive_file or 0))
+
+
+def _int_file(path: str, missing_ok: bool = False) -> Optional[int]:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
+
+
+def _flat_keyed(path: str, missing_ok: bool = False) -> Dict[str, int]:
+    values: Dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+                    values[parts[0]] = int(parts[1])
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+    return values
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as octal (\040 ...).
+    return field.encode().decode("unicode_escape") if "\\" in field else field

@@ -1,0 +1,179 @@
+"""A job's process tree (the trainer and its dataloader workers) and what each one holds.
+
+RSS counts copy-on-write pages in every process that maps them, so summing RSS over a forked
+trainer and its workers counts the model several times; PSS splits shared pages among their
+sharers (sums to the real total) and USS is what only that process holds (what killing it frees).
+smaps_rollup gives all three in one read (~0.2 ms a process), so trees are read on demand, not
+at the pressure sampling rate. Trees are walked through /proc/PID/task/TID/children (direct
+children, ~20 us) rather than by scanning every process on the host.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from .snapshot import ProcessMemory
+
+MAX_PROCESSES = 1024  # a runaway fork bomb must not make one sample unbounded
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class Tree:
+    processes: Tuple[ProcessMemory, ...]
+    errors: Tuple[Tuple[str, str], ...]  # (source, message): vanished or unreadable processes
+
+    def total(self, field: str) -> Optional[int]:
+        """Sum of one memory field over the tree; None when no process has it."""
+        values = [getattr(p, field) for p in self.processes if getattr(p, field) is not None]
+        return sum(values) if values else None
+
+    @property
+    def pids(self) -> Tuple[int, ...]:
+        return tuple(p.pid for p in self.processes)
+
+
+def read_tree(pid: int, proc_root: str = "/proc", detail: bool = True,
+              gpu_bytes: Optional[Dict[int, Optional[int]]] = None) -> Tree:
+    """The process ``pid`` and all its descendants, parents before children.
+
+    ``detail`` reads smaps_rollup (PSS/USS); without it only RSS from statm (10x cheaper).
+    ``gpu_bytes`` maps pid -> GPU memory from NVML, attached to the matching processes.
+    A process that vanishes or cannot be read is left out with its reason in ``errors``.
+    """
+    processes: List[ProcessMemory] = []
+    errors: List[Tuple[str, str]] = []
+    queue = collections.deque([pid])
+    seen = set()
+    while queue and len(processes) < MAX_PROCESSES:
+        current = queue.popleft()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            processes.append(read_process(current, proc_root, detail, gpu_bytes))
+        except FileNotFoundError:
+            errors.append(("procs", "process %d vanished during the scan" % current))
+            continue
+        except (OSError, ValueError) as exc:
+            errors.append(("procs", "process %d unreadable: %s" % (current, _reason(exc))))
+            continue
+        try:
+            queue.extend(children(current, proc_root))
+        except OSError as exc:
+            errors.append(("procs", "children of %d unreadable: %s" % (current, _reason(exc))))
+    if queue:
+        errors.append(("procs", "tree of %d truncated at %d processes" % (pid, MAX_PROCESSES)))
+    return Tree(tuple(processes), tuple(errors))
+
+
+def read_process(pid: int, proc_root: str = "/proc", detail: bool = True,
+                 gpu_bytes: Optional[Dict[int, Optional[int]]] = None) -> ProcessMemory:
+    base = os.path.join(proc_root, str(pid))
+    ppid, name = _stat(base)
+    rss = pss = uss = None
+    if detail:
+        try:
+            rss, pss, uss = _smaps_rollup(base)
+        except PermissionError:
+            pass  # another user's process without CAP_SYS_PTRACE: RSS from statm below
+    if rss is None:
+        rss = _statm_rss(base)
+    gpu = gpu_bytes.get(pid) if gpu_bytes else None
+    return ProcessMemory(pid=pid, ppid=ppid, name=name, rss_bytes=rss, pss_bytes=pss, uss_bytes=uss, gpu_bytes=gpu)
+
+
+def children(pid: int, proc_root: str = "/proc") -> List[int]:
+    """Direct children of every thread of ``pid`` (a worker may be forked from any thread)."""
+    task_dir = os.path.join(proc_root, str(pid), "task")
+    found: List[int] = []
+    for tid in os.listdir(task_dir):
+        try:
+            with open(os.path.join(task_dir, tid, "children")) as f:
+                found.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(os.path.join(task_dir, tid)):
+                continue  # the thread ended between listdir and open
+            return _children_by_scan(pid, proc_root)  # kernel without CONFIG_PROC_CHILDREN
+    return found
+
+
+def process_start_time(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """Start time in clock ticks since boot: with the pid, identifies a process across pid reuse."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat")) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _stat(base: str) -> Tuple[int, str]:
+    with open(os.path.join(base, "stat")) as f:
+        text = f.read()
+    # The name is in parentheses and may itself contain spaces and parentheses.
+    name = text[text.index("(") + 1:text.rindex(")")]
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), name
+
+
+def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int]]:
+    values: Dict[str, int] = {}
+    with open(os.path.join(base, "smaps_rollup")) as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                values[key] = int(parts[0]) * 1024
+    if "Rss" not in values:
+        return None, None, None  # a kernel thread, or an exited process with no mappings
+    uss = values.get("Private_Clean", 0) + values.get("Private_Dirty", 0) + values.get("Private_Hugetlb", 0)
+    return values["Rss"], values.get("Pss"), uss
+
+
+def _statm_rss(base: str) -> int:
+    with open(os.path.join(base, "statm")) as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def _children_by_scan(pid: int, proc_root: str) -> List[int]:
+    found = []
+    for entry in os.listdir(proc_root):
+        if entry.isdigit():
+            try:
+                if _stat(os.path.join(proc_root, entry))[0] == pid:
+                    found.append(int(entry))
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror or str(exc) if isinstance(exc, OSError) else str(exc)
+
+
+def read_peak_rss(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """The process's peak resident set (VmHWM) since it started or since ``reset_peak_rss``."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "status")) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def reset_peak_rss(pid: int, proc_root: str = "/proc") -> bool:
+    """Restart VmHWM from the current RSS (clear_refs 5; needs the same user, or root).
+
+    Without it the peak only ever grows, which is safe (an upper bound) but slow to notice
+    that a smaller batch costs less."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "clear_refs"), "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,148 @@
+"""One entry point for a whole Snapshot, with every failure contained and reported.
+
+Cheap signals (meminfo, PSI, vmstat, cgroup, NVML memory) are read on every sample; a job's
+process tree (PSS/USS, ~0.2 ms a process) only when asked for, through ``job``.
+"""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+from . import cgroup, platform, procs, system
+from .snapshot import Cgroup, Gpu, ProcessMemory, Snapshot
+
+Errors = List[Tuple[str, str]]
+
+
+class GpuSource(Protocol):
+    def sample(self, host_total_bytes: Optional[int]) -> Tuple[Tuple[Gpu, ...], Errors]: ...
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """A job's process tree and cgroup, read on demand for the policy."""
+    pid: int
+    processes: Tuple[ProcessMemory, ...]
+    cgroup: Optional[Cgroup]
+    errors: Tuple[Tuple[str, str], ...]
+    monotonic: float
+
+    @property
+    def alive(self) -> bool:
+        return any(p.pid == self.pid for p in self.processes)
+
+    @property
+    def host_bytes(self) -> Optional[int]:
+        """The tree's real footprint: PSS where readable (shared pages counted once), else RSS."""
+        if not self.processes:
+            return None
+        return sum(_footprint(p) for p in self.processes)
+
+    @property
+    def worker_bytes(self) -> List[int]:
+        """What each descendant alone holds (USS, else RSS): the cost of one more worker."""
+        return [p.uss_bytes if p.uss_bytes is not None else (p.rss_bytes or 0)
+                for p in self.processes if p.pid != self.pid]
+
+    def gpu_bytes(self) -> Optional[int]:
+        known = [p.gpu_bytes for p in self.processes if p.gpu_bytes is not None]
+        return sum(known) if known else None
+
+
+def _footprint(p: ProcessMemory) -> int:
+    if p.pss_bytes is not None:
+        return p.pss_bytes
+    return p.rss_bytes or 0
+
+
+class Sampler:
+    def __init__(self, gpus: Optional[GpuSource] = None, proc_root: str = "/proc", etc_root: str = "/etc",
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self.gpus = gpus
+        self.proc_root = proc_root
+        self.clock = clock
+        self.wall = wall
+        self.host = socket.gethostname()
+        self.tegra = platform.is_tegra(etc_root)
+        self.apple_silicon = platform.is_apple_silicon()
+        self._last_system = None
+
+    def sample(self, pid: Optional[int] = None) -> Snapshot:
+        """A snapshot now; with ``pid``, also that process tree (as ``processes``)."""
+        start = self.clock()
+        errors: Errors = []
+        mem = self._system(errors)
+        pressure = _guard(errors, "pressure", system.read_pressure, self.proc_root)
+        oom_kills = _guard(errors, "vmstat", system.read_oom_kills, self.proc_root)
+        cg = _guard(errors, "cgroup", cgroup.read_cgroup, None, self.proc_root)
+        gpus: Tuple[Gpu, ...] = ()
+        if self.gpus is not None:
+            try:
+                gpus, gpu_errors = self.gpus.sample(mem.total_bytes)
+                errors.extend(gpu_errors)
+            except Exception as exc:  # a GPU layer bug must not stop host sampling
+                errors.append(("nvml", "GPU sampling failed: %r" % (exc,)))
+        apple_level = platform.apple_pressure_level() if self.apple_silicon else None
+        processes = None
+        if pid is not None:
+            tree = procs.read_tree(pid, self.proc_root, detail=True, gpu_bytes=gpu_bytes_by_pid(gpus))
+            processes = tree.processes
+            errors.extend(tree.errors)
+        return Snapshot(
+            taken_at=self.wall(),
+            monotonic=start,
+            host=self.host,
+            memory_model=platform.memory_model(gpus, self.tegra, self.apple_silicon),
+            system=mem,
+            pressure=pressure,
+            cgroup=cg,
+            gpus=gpus,
+            oom_kills=oom_kills,
+            apple_pressure_level=apple_level,
+            errors=tuple(errors),
+            duration_seconds=self.clock() - start,
+            processes=processes,
+        )
+
+    def job(self, pid: int, gpus: Sequence[Gpu] = (), detail: bool = True) -> JobMemory:
+        """A job's tree and cgroup; a vanished job comes back with no processes, not an error."""
+        errors: Errors = []
+        tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=gpu_bytes_by_pid(gpus))
+        errors.extend(tree.errors)
+        cg = _guard(errors, "cgroup", cgroup.read_cgroup, pid, self.proc_root) if tree.processes else None
+        return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock())
+
+    def _system(self, errors: Errors):
+        try:
+            if sys.platform.startswith("linux"):
+                self._last_system = system.read_meminfo(self.proc_root)
+            else:
+                self._last_system = system.read_system_memory()
+        except (OSError, ValueError, KeyError) as exc:
+            errors.append(("system", "meminfo unreadable: %s" % (exc,)))
+            if self._last_system is None:
+                self._last_system = system.read_system_memory()  # psutil's own reading
+        return self._last_system
+
+
+def gpu_bytes_by_pid(gpus: Sequence[Gpu]) -> Dict[int, Optional[int]]:
+    """pid -> GPU memory summed over devices; None where a device does not say."""
+    found: Dict[int, Optional[int]] = {}
+    for gpu in gpus:
+        for proc in gpu.processes:
+            if proc.used_bytes is None:
+                found.setdefault(proc.pid, None)
+            else:
+                found[proc.pid] = (found.get(proc.pid) or 0) + proc.used_bytes
+    return found
+
+
+def _guard(errors: Errors, source: str, read, *args):
+    try:
+        return read(*args)
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        errors.append((source, "%s: %s" % (type(exc).__name__, exc)))
+        return None

@@ -1,0 +1,186 @@
+"""The ZeroMQ ROUTER loop: decode -> validate -> handler -> reply.
+
+Only this module (and the client) touches zmq. It adds the reply envelope, maps exceptions to
+error codes in one place, and never blocks: replies are sent without waiting (a peer that does
+not read its replies loses them, it does not stall the daemon). Messages over the protocol cap
+get a ``too_large`` reply; messages over four times the cap are dropped by libzmq itself
+(ZMQ_MAXMSGSIZE), which disconnects the sender, so a hostile peer cannot make memd hold much.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import structlog
+import zmq
+
+from memd.client import protocol
+from memd.config import ConfigError
+from memd.sessions import TooManySessions, UnknownSession
+
+log = structlog.get_logger("memd.server")
+
+Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
+Observer = Callable[[str, str, float], None]
+BATCH = 256  # messages handled per poll before returning to the daemon's housekeeping
+
+
+class Server:
+    def __init__(self, endpoint: str, dispatch: Dict[str, Handler], observe: Optional[Observer] = None,
+                 curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660):
+        self.endpoint = endpoint
+        self.dispatch = dispatch
+        self.observe = observe or (lambda op, outcome, seconds: None)
+        self.curve_secret_key = curve_secret_key
+        self.socket_mode = socket_mode
+        self.context = zmq.Context(io_threads=1)
+        self.sock: Optional[zmq.Socket] = None
+        self._ipc_path: Optional[str] = None
+
+    def bind(self) -> None:
+        """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES * 4)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        if self.curve_secret_key is not None:
+            sock.curve_secretkey = self.curve_secret_key
+            sock.curve_publickey = zmq.curve_public(self.curve_secret_key)
+            sock.curve_server = True
+        try:
+            if self.endpoint.startswith("ipc://"):
+                self._prepare_ipc(self.endpoint[len("ipc://"):])
+            sock.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError("endpoint %s is in use by another process (--endpoint)" % self.endpoint) from None
+            raise ConfigError("cannot bind endpoint %s: %s (--endpoint)" % (self.endpoint, exc.strerror)) from None
+        if self._ipc_path is not None:
+            try:
+                os.chmod(self._ipc_path, self.socket_mode)
+            except OSError:
+                pass
+        self.sock = sock
+
+    def _prepare_ipc(self, path: str) -> None:
+        """Make the socket's directory; refuse to steal a live daemon's socket, clear a stale one."""
+        directory = os.path.dirname(path) or "."
+        try:
+            os.makedirs(directory, mode=0o750, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("cannot create socket directory %s: %s (--endpoint)" % (directory, exc.strerror)) from None
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            self._ipc_path = path
+            return
+        if not stat.S_ISSOCK(mode):
+            raise ConfigError("%s exists and is not a socket (--endpoint)" % path)
+        if _answers(self.context, "ipc://" + path):
+            raise ConfigError("endpoint ipc://%s is in use: another memd answers there (--endpoint)" % path)
+        os.unlink(path)  # left behind by a daemon that did not stop cleanly
+        self._ipc_path = path
+
+    def poll(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for requests and handle what arrived; returns how many."""
+        assert self.sock is not None
+        if not self.sock.poll(timeout * 1000, zmq.POLLIN):
+            return 0
+        handled = 0
+        while handled < BATCH:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            handled += 1
+            self._handle(frames)
+        return handled
+
+    def _handle(self, frames: List[bytes]) -> None:
+        start = time.perf_counter()
+        if len(frames) < 2:
+            return  # cannot happen on a ROUTER; nothing to route a reply to
+        envelope, payload = frames[:-1], frames[-1]
+        reply, op, outcome = self._reply_to(envelope, payload)
+        try:
+            self.sock.send_multipart(envelope + [protocol.encode(reply)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            outcome = "unsent"  # the peer is gone or not reading; ROUTER would drop it anyway
+        self.observe(op, outcome, time.perf_counter() - start)
+
+    def _reply_to(self, envelope: List[bytes], payload: bytes):
+        request_id = None
+        op = "invalid"
+        try:
+            if len(envelope) > 2 or (len(envelope) == 2 and envelope[1] != b""):
+                raise _Error(protocol.BAD_REQUEST, "expected one message frame (DEALER) or an empty delimiter (REQ)")
+            if len(payload) > protocol.MAX_MESSAGE_BYTES:
+                raise _Error(protocol.TOO_LARGE, "message of %d bytes exceeds the %d-byte limit"
+                             % (len(payload), protocol.MAX_MESSAGE_BYTES))
+            try:
+                request = protocol.decode(payload)
+            except ValueError as exc:
+                raise _Error(protocol.BAD_REQUEST, str(exc)) from None
+            if not isinstance(request, dict):
+                raise _Error(protocol.BAD_REQUEST, "a request must be a map, not %s" % type(request).__name__)
+            request_id = request.get("id")
+            if not isinstance(request_id, int) or isinstance(request_id, bool):
+                request_id = None
+                raise _Error(protocol.BAD_REQUEST, "id must be an integer")
+            if request.get("v") != protocol.VERSION:
+                raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon speaks %d)"
+                             % (request.get("v"), protocol.VERSION))
+            name = request.get("op")
+            if name not in self.dispatch:
+                raise _Error(protocol.UNKNOWN_OP, "unknown op %r" % (name if isinstance(name, str) else type(name).__name__))
+            op = name
+            result = self.dispatch[op](request)
+            return {"v": protocol.VERSION, "id": request_id, "ok": True, "result": result}, op, "ok"
+        except _Error as exc:
+            code, message = exc.code, exc.message
+        except UnknownSession as exc:
+            code, message = protocol.UNKNOWN_SESSION, exc.args[0]
+        except TooManySessions as exc:
+            code, message = protocol.TOO_MANY_SESSIONS, str(exc)
+        except ValueError as exc:  # ops.Invalid
+            code, message = protocol.INVALID, str(exc)
+        except Exception as exc:  # a bug in a handler must not take the daemon down
+            log.exception("handler failed", op=op)
+            code, message = protocol.INTERNAL, "internal error: %s" % type(exc).__name__
+        error = {"v": protocol.VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
+        return error, op, code
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close(0)
+            self.sock = None
+        self.context.term()
+        if self._ipc_path is not None:
+            try:
+                os.unlink(self._ipc_path)
+            except FileNotFoundError:
+                pass
+            self._ipc_path = None
+
+
+class _Error(Exception):
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _answers(context: zmq.Context, endpoint: str, timeout: float = 0.3) -> bool:
+    """Whether a daemon answers ``ping`` at ``endpoint`` (used before clearing a socket file)."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send(protocol.encode(protocol.request("ping", 1)))
+        return bool(sock.poll(timeout * 1000, zmq.POLLIN))
+    finally:
+        sock.close(0)

@@ -1,0 +1,105 @@
+"""Registered training jobs: who they are, what they reported, and when they go away.
+
+A session is identified by an unguessable token that only its holder knows; it ends with
+``bye``, when its process is gone, or after ``ttl`` seconds of silence. The registry is bounded
+(``max_sessions``) and each session keeps a bounded history, so the daemon stays small however
+long it runs. Owned by the server thread: no locking here.
+"""
+from __future__ import annotations
+
+import collections
+import secrets
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, Iterator, List, Optional
+
+from memd.client.plan import Plan
+from memd.policy.controller import ControlState, Limits
+from memd.policy.fit import Observation, Prior
+
+HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
+
+
+class UnknownSession(KeyError):
+    pass
+
+
+class TooManySessions(RuntimeError):
+    pass
+
+
+@dataclass
+class Session:
+    token: str
+    sid: int  # a small number naming the session in metrics and logs (the token is a secret)
+    job: str
+    pid: int
+    host: str
+    local: bool  # the pid is a process on this host that the daemon can watch
+    start_time: Optional[int]  # the pid's start time, so a reused pid is not mistaken for it
+    limits: Limits
+    created: float
+    last_seen: float
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    device: Optional[str] = None
+    device_uuid: Optional[str] = None
+    visible_devices: Optional[str] = None
+    hints: Dict[str, object] = field(default_factory=dict)
+    prior: Optional[Prior] = None
+    remembered: List[Observation] = field(default_factory=list)  # from an earlier run of this job
+    observations: Deque[Observation] = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
+    state: ControlState = field(default_factory=ControlState)
+    plan: Optional[Plan] = None
+    pool: Optional[str] = None  # the pool of the last decision ("host" or a GPU uuid)
+    budget_bytes: Optional[int] = None
+    predicted_peak_bytes: Optional[float] = None
+    latest_peak: Optional[int] = None
+    latest_batch: Optional[int] = None
+    reports: int = 0
+    ooms: int = 0
+
+
+class Sessions:
+    def __init__(self, max_sessions: int, ttl: float, clock: Callable[[], float],
+                 alive: Callable[[Session], bool]):
+        self.max_sessions = max_sessions
+        self.ttl = ttl
+        self.clock = clock
+        self.alive = alive  # False once a local session's process is gone
+        self._by_token: Dict[str, Session] = {}
+        self._next_sid = 0
+
+    def open(self, **fields) -> Session:
+        now = self.clock()
+        if len(self._by_token) >= self.max_sessions:
+            self.expire()
+        if len(self._by_token) >= self.max_sessions:
+            raise TooManySessions("%d sessions are open (max_sessions)" % self.max_sessions)
+        self._next_sid += 1
+        session = Session(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now, **fields)
+        self._by_token[session.token] = session
+        return session
+
+    def get(self, token: object) -> Session:
+        session = self._by_token.get(token) if isinstance(token, str) else None
+        if session is None:
+            raise UnknownSession("no session holds this token (expired, closed, or the daemon restarted)")
+        session.last_seen = self.clock()
+        return session
+
+    def close(self, token: str) -> Optional[Session]:
+        return self._by_token.pop(token, None)
+
+    def expire(self) -> List[Session]:
+        """Drop sessions whose process is gone or that were silent longer than ``ttl``."""
+        now = self.clock()
+        gone = [s for s in self._by_token.values() if now - s.last_seen > self.ttl or not self.alive(s)]
+        for session in gone:
+            del self._by_token[session.token]
+        return gone
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self._by_token.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_token)

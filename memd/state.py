@@ -1,0 +1,121 @@
+"""What memd learned, kept across restarts: each job's memory curve per kind of pool.
+
+One JSON file under the state directory, replaced atomically (write, fsync, rename), so a
+crash or power loss leaves either the old file or the new one. A corrupt file is moved aside
+and memd starts empty rather than not at all. Bounded: the least recently used jobs go first.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import structlog
+
+from memd.policy.fit import Observation
+
+FILE = "curves.json"
+VERSION = 1
+MAX_JOBS = 512
+MAX_POINTS = 32
+
+log = structlog.get_logger("memd.state")
+
+
+@dataclass(frozen=True)
+class Memory:
+    observations: Tuple[Observation, ...]
+    ceiling: Optional[int]
+    updated: float
+
+
+class StateStore:
+    def __init__(self, directory: str, max_jobs: int = MAX_JOBS):
+        self.directory = directory
+        self.max_jobs = max_jobs
+        self.path = os.path.join(directory, FILE)
+        self._jobs: Dict[str, dict] = {}
+        self.dirty = False
+
+    def load(self) -> None:
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+            if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("jobs"), dict):
+                raise ValueError("unexpected layout")
+            self._jobs = {k: v for k, v in data["jobs"].items() if _valid_entry(v)}
+        except FileNotFoundError:
+            self._jobs = {}
+        except (OSError, ValueError) as exc:
+            aside = self.path + ".corrupt"
+            log.warning("state file unreadable; starting empty", path=self.path, error=str(exc), moved_to=aside)
+            try:
+                os.replace(self.path, aside)
+            except OSError:
+                pass
+            self._jobs = {}
+
+    def recall(self, job: str, pool_key: str) -> Optional[Memory]:
+        entry = self._jobs.get(_key(job, pool_key))
+        if entry is None:
+            return None
+        points = tuple(Observation(int(b), int(p)) for b, p in entry["points"])
+        return Memory(points, entry.get("ceiling"), float(entry.get("updated", 0)))
+
+    def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int]) -> None:
+        points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0][-MAX_POINTS:]
+        if not points and ceiling is None:
+            return
+        key = _key(job, pool_key)
+        self._jobs.pop(key, None)  # re-insert: dict order is the LRU order
+        self._jobs[key] = {"points": points, "ceiling": ceiling, "updated": time.time()}
+        while len(self._jobs) > self.max_jobs:
+            del self._jobs[next(iter(self._jobs))]
+        self.dirty = True
+
+    def flush(self) -> bool:
+        """Write if anything changed; False (logged, state kept in memory) when the disk refuses."""
+        if not self.dirty:
+            return True
+        try:
+            os.makedirs(self.directory, mode=0o750, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".curves.", dir=self.directory)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"version": VERSION, "jobs": self._jobs}, f, separators=(",", ":"))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+            dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            log.error("cannot write state", path=self.path, error=str(exc))
+            return False
+        self.dirty = False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+def _key(job: str, pool_key: str) -> str:
+    return "%s|%s" % (job, pool_key)
+
+
+def _valid_entry(entry: object) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("points"), list):
+        return False
+    ceiling = entry.get("ceiling")
+    if ceiling is not None and not isinstance(ceiling, int):
+        return False
+    return all(isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and v > 0 for v in p)
+               for p in entry["points"])

@@ -1,0 +1,26 @@
+import pytest
+
+from realdaemon import Daemon
+
+
+@pytest.fixture
+def memd(tmp_path):
+    """A running real daemon on an ipc endpoint under tmp_path."""
+    daemon = Daemon(tmp_path).start()
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture
+def start_memd(tmp_path):
+    """Factory for more daemons (other endpoints, metrics, environment); all stopped at the end."""
+    started = []
+
+    def start(wait=True, **kwargs):
+        daemon = Daemon(tmp_path, **kwargs)
+        started.append(daemon)
+        return daemon.start(wait=wait)
+
+    yield start
+    for daemon in started:
+        daemon.stop()

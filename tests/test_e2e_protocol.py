@@ -1,0 +1,150 @@
+"""Hostile and malformed traffic against the real daemon: every message gets an error reply
+(when it can be routed), nothing changes, and the daemon keeps answering ping."""
+import msgpack
+import pytest
+import zmq
+
+from memd.client import protocol
+
+
+@pytest.fixture
+def raw(memd):
+    """A raw DEALER socket to the daemon, and a helper sending frames and reading one reply."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(memd.endpoint)
+
+    def exchange(*frames, timeout=2.0):
+        sock.send_multipart(list(frames))
+        assert sock.poll(timeout * 1000, zmq.POLLIN), "no reply to %r" % (frames,)
+        reply = sock.recv_multipart()
+        return msgpack.unpackb(reply[-1], raw=False)
+
+    yield exchange
+    sock.close(0)
+    ctx.term()
+
+
+def request(op, **fields):
+    return protocol.encode(protocol.request(op, 7, **fields))
+
+
+def assert_alive(exchange):
+    reply = exchange(request("ping"))
+    assert reply["ok"] is True and reply["result"]["pong"] is True
+
+
+@pytest.mark.parametrize("payload, code", [
+    (b"\xc1garbage", protocol.BAD_REQUEST),  # 0xc1 is never valid msgpack
+    (msgpack.packb({"v": 1, "op": "ping", "id": 7})[:-3], protocol.BAD_REQUEST),  # truncated
+    (msgpack.packb([1, "ping", 7]), protocol.BAD_REQUEST),  # not a map
+    (msgpack.packb({"v": 1, "op": "ping"}), protocol.BAD_REQUEST),  # no id
+    (msgpack.packb({"v": 1, "op": "ping", "id": "7"}), protocol.BAD_REQUEST),  # id of the wrong type
+    (msgpack.packb({"v": 2, "op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
+    (msgpack.packb({"op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
+    (msgpack.packb({"v": 1, "op": "shutdown", "id": 7}), protocol.UNKNOWN_OP),
+    (msgpack.packb({"v": 1, "op": 5, "id": 7}), protocol.UNKNOWN_OP),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7}), protocol.INVALID),  # no job, pid, host
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": "1", "host": "h"}), protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}), protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "hints": [1]}), protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "plan", "id": 7, "token": "forged"}), protocol.UNKNOWN_SESSION),
+    (msgpack.packb({"v": 1, "op": "report", "id": 7, "token": 12}), protocol.UNKNOWN_SESSION),
+])
+def test_malformed_requests_get_error_replies(raw, payload, code):
+    reply = raw(payload)
+    assert reply["ok"] is False
+    assert reply["error"]["code"] == code
+    assert isinstance(reply["error"]["message"], str) and reply["error"]["message"]
+    assert_alive(raw)
+
+
+def test_oversized_message_is_refused(raw):
+    payload = protocol.encode(protocol.request("ping", 7, padding="x" * (protocol.MAX_MESSAGE_BYTES + 10)))
+    reply = raw(payload)
+    assert reply["error"]["code"] == protocol.TOO_LARGE
+    assert_alive(raw)
+
+
+def test_huge_message_is_dropped_and_daemon_survives(memd):
+    """Beyond 4x the cap libzmq disconnects the sender: no reply, no memory held, daemon fine."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(memd.endpoint)
+    sock.send(b"\x00" * (protocol.MAX_MESSAGE_BYTES * 8))
+    assert not sock.poll(300, zmq.POLLIN)
+    sock.close(0)
+    ctx.term()
+    assert memd.call("ping")["pong"] is True
+
+
+def test_extra_frames_are_refused(raw):
+    reply = raw(b"frame-one", request("ping"))
+    assert reply["error"]["code"] == protocol.BAD_REQUEST
+    assert_alive(raw)
+
+
+def test_req_socket_envelope_is_supported(memd):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(memd.endpoint)
+    sock.send(request("ping"))
+    assert sock.poll(2000, zmq.POLLIN)
+    assert msgpack.unpackb(sock.recv(), raw=False)["result"]["pong"] is True
+    sock.close(0)
+    ctx.term()
+
+
+def test_bad_report_changes_nothing(raw, memd):
+    hello = raw(request("hello", job="careful", pid=1, host="elsewhere", min_batch=2, max_batch=64))
+    token = hello["result"]["token"]
+    before = raw(request("plan", token=token))["result"]["plan"]
+    for fields in ({"batch_size": "8"}, {"batch_size": 0}, {"batch_size": 8, "peak_bytes": -1},
+                   {"batch_size": 8, "peak_bytes": 1.5}, {"batch_size": 8, "step_seconds": "fast"}):
+        reply = raw(request("report", token=token, **fields))
+        assert reply["error"]["code"] == protocol.INVALID, fields
+    view = next(s for s in memd.call("status")["sessions"] if s["job"] == "careful")
+    assert view["reports"] == 0 and view["latest_peak_bytes"] is None
+    assert raw(request("plan", token=token))["result"]["plan"] == before
+    # Only the token's holder can change the session; bye with a wrong token is a no-op.
+    assert raw(request("bye", token="not-" + token))["ok"] is True
+    assert any(s["job"] == "careful" for s in memd.call("status")["sessions"])
+    assert raw(request("bye", token=token))["ok"] is True
+    assert not any(s["job"] == "careful" for s in memd.call("status")["sessions"])
+
+
+def test_status_never_reveals_tokens(raw, memd):
+    token = raw(request("hello", job="secret", pid=1, host="elsewhere"))["result"]["token"]
+    assert token not in repr(memd.call("status"))
+
+
+def test_sessions_are_bounded(start_memd):
+    memd = start_memd(env={"MEMD_MAX_SESSIONS": "3"})
+    tokens = [memd.call("hello", job="j%d" % i, pid=1, host="elsewhere")["token"] for i in range(3)]
+    assert len(set(tokens)) == 3
+    from memd.client import DaemonUnavailable
+
+    with pytest.raises(DaemonUnavailable, match="sessions"):
+        memd.call("hello", job="one-too-many", pid=1, host="elsewhere")
+    memd.call("bye", token=tokens[0])
+    assert memd.call("hello", job="fits-again", pid=1, host="elsewhere")["token"]
+
+
+def test_session_of_a_vanished_process_expires(memd):
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    import socket
+    memd.call("hello", job="short-lived", pid=child.pid, host=socket.gethostname())
+    assert any(s["job"] == "short-lived" for s in memd.call("status")["sessions"])
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(s["job"] == "short-lived" for s in memd.call("status")["sessions"]):
+        time.sleep(0.05)
+    assert not any(s["job"] == "short-lived" for s in memd.call("status")["sessions"])

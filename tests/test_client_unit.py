@@ -1,0 +1,87 @@
+"""The client on its own: import weight, the divisor rule, fallbacks, argument checks."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from memd import client
+from memd.client.plan import Plan, fallback_plan, split_batch
+from realdaemon import memd_env
+
+
+def test_import_pulls_in_none_of_the_daemons_dependencies():
+    code = ("import sys, json; import memd.client; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('psutil', 'pynvml', 'prometheus_client', 'structlog', 'torch'))))")
+    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+@pytest.mark.parametrize("limit, target, min_batch, expected", [
+    (14, 16, 1, (8, 2)),  # the issue's example: max 14 fits -> 8 x 2
+    (24, 16, 1, (16, 1)),
+    (16, 16, 1, (16, 1)),
+    (63, 64, 1, (32, 2)),
+    (50, 96, 1, (48, 2)),
+    (5, 7, 1, (1, 7)),  # a prime target: only 1 divides it
+    (7, 12, 5, (6, 2)),
+    (30, None, 1, (30, 1)),
+    (0, 8, 1, (1, 8)),  # nothing fits: the minimum, with accumulation
+])
+def test_split_batch_keeps_the_effective_batch(limit, target, min_batch, expected):
+    batch, steps, note = split_batch(limit, target, min_batch)
+    assert (batch, steps) == expected
+    if target:
+        assert batch * steps == target and note == ""
+
+
+def test_split_batch_says_when_it_cannot_keep_the_target():
+    batch, steps, note = split_batch(5, 7, min_batch=2)  # no divisor of 7 between 2 and 5
+    assert batch == 5 and steps == 1 and "effective batch is 5" in note
+
+
+def test_fallback_plan_prefers_the_callers_defaults():
+    plan = fallback_plan(min_batch=2, max_batch=20, default_batch=32, target_effective_batch=64,
+                         hints={"num_workers": 4, "prefetch_factor": 3})
+    assert (plan.batch_size, plan.grad_accum_steps, plan.effective_batch_size) == (16, 4, 64)
+    assert (plan.num_workers, plan.prefetch_factor, plan.source) == (4, 3, "fallback")
+    no_workers = fallback_plan(default_batch=8, hints={"num_workers": 0, "prefetch_factor": 3})
+    assert no_workers.prefetch_factor is None  # DataLoader refuses a prefetch_factor without workers
+
+
+def test_plan_from_wire_rejects_garbage():
+    good = fallback_plan(default_batch=8).to_wire()
+    assert Plan.from_wire(good).batch_size == 8
+    for bad in ({**good, "batch_size": 0}, {**good, "batch_size": "8"}, {**good, "pressure": "meh"},
+                {**good, "num_workers": -1}, {**good, "fresh_for": 1e9}, [1, 2], None):
+        with pytest.raises(ValueError):
+            Plan.from_wire(bad)
+
+
+def test_bad_arguments_are_programming_errors():
+    with pytest.raises(ValueError):
+        client.Session("j", min_batch=0, endpoint="ipc:///nonexistent/x.sock")
+    with pytest.raises(ValueError):
+        client.Session("j", min_batch=8, max_batch=4, endpoint="ipc:///nonexistent/x.sock")
+    with pytest.raises(TypeError):
+        client.Session("j", hints=["not", "a", "dict"], endpoint="ipc:///nonexistent/x.sock")
+    s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", timeout=0.01)
+    with pytest.raises(TypeError):
+        s.report(batch_size="eight")
+
+
+def test_suggest_batch_never_raises(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/none.sock" % tmp_path)
+    monkeypatch.setattr(client, "_process_session", None)
+    assert client.suggest_batch(default=32) == 32
+    assert client.suggest_batch(default=32, min_batch="bad") == 32
+
+
+def test_default_endpoint_rules(tmp_path):
+    from memd.client import protocol
+    assert protocol.default_endpoint({"MEMD_ENDPOINT": "tcp://127.0.0.1:5"}) == "tcp://127.0.0.1:5"
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    if not __import__("os").path.exists(protocol.SYSTEM_SOCKET):
+        assert protocol.default_endpoint(env) == "ipc://%s/memd.sock" % tmp_path
+        assert protocol.default_endpoint({}).startswith("ipc:///tmp/memd-")

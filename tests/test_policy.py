@@ -1,0 +1,196 @@
+"""The policy as pure functions: fitted curves, budgets, pressure levels and the controller."""
+import pytest
+
+from memd.config import PolicyConfig
+from memd.policy.budget import Pool, find_gpu
+from memd.policy.controller import ControlState, Limits, after_oom, after_report, decide
+from memd.policy.fit import Curve, Observation, Prior, fit
+from memd.policy.pressure import PressureState, Signals, next_state, raw_level
+from memd.sampling.snapshot import Gpu, GpuProcess
+
+GB = 10 ** 9
+CFG = PolicyConfig()
+
+
+def pool(capacity=80 * GB, free=60 * GB, own=None, kind="discrete", margin=GB):
+    return Pool("gpu-0", kind, capacity, free, own, margin)
+
+
+# -- fit ---------------------------------------------------------------------------------------
+
+def test_one_report_bounds_per_sample_safely():
+    curve = fit([Observation(8, 10 * GB)])
+    assert curve.source == "bound" and curve.fixed_bytes == 0
+    assert curve.peak(8) == pytest.approx(10 * GB)
+    # Whatever the true split of the 10 GB, a batch of max_batch(budget) cannot exceed it.
+    for fixed in (0, 5 * GB, 9.9 * GB):
+        per_sample = (10 * GB - fixed) / 8
+        b = curve.max_batch(40 * GB)
+        assert fixed + per_sample * b <= 40 * GB
+
+
+def test_two_batch_sizes_fit_the_line_from_above():
+    truth = lambda b: 6 * GB + b * 0.5 * GB  # noqa: E731
+    curve = fit([Observation(4, int(truth(4))), Observation(16, int(truth(16)))])
+    assert curve.source == "fit" and curve.batch_sizes == 2
+    for b in (4, 16, 32, 64):
+        assert curve.peak(b) >= truth(b) - 1  # an upper bound where it matters
+    assert curve.per_sample_bytes == pytest.approx(0.5 * GB, rel=0.3)
+
+
+def test_repeated_tight_reports_sharpen_the_slope():
+    truth = lambda b: 6 * GB + b * 0.5 * GB  # noqa: E731
+    few = fit([Observation(b, int(truth(b))) for b in (4, 16)])
+    many = fit([Observation(b, int(truth(b))) for b in (4, 16) for _ in range(4)])
+    assert many.per_sample_bytes < few.per_sample_bytes
+    assert many.per_sample_bytes == pytest.approx(0.5 * GB, rel=0.02)
+    assert many.confidence > few.confidence
+
+
+def test_an_isolated_spike_is_ignored_but_repeated_spikes_count():
+    steady = [Observation(8, 10 * GB + i * 10 ** 6) for i in range(6)]
+    with_one_spike = steady + [Observation(8, 14 * GB)]
+    assert fit(with_one_spike).peak(8) < 10.1 * GB
+    with_two = steady + [Observation(8, 14 * GB), Observation(8, 14 * GB)]
+    assert fit(with_two).peak(8) >= 14 * GB
+
+
+def test_base_bytes_splits_one_report():
+    curve = fit([Observation(2, 61 * GB, base_bytes=59 * GB)])
+    assert curve.fixed_bytes == 59 * GB and curve.per_sample_bytes == pytest.approx(GB)
+
+
+def test_prior_only_until_reports():
+    prior = Prior(10 * GB, GB)
+    assert fit([], prior).source == "prior"
+    assert fit([]) is None
+
+
+# -- pressure ----------------------------------------------------------------------------------
+
+def signals(some=0.0, full=0.0, available=0.5):
+    return Signals(some, full, available)
+
+
+@pytest.mark.parametrize("sig, level", [
+    (signals(), "ok"),
+    (signals(some=0.10), "elevated"),
+    (signals(some=0.30), "high"),
+    (signals(full=0.10), "critical"),
+    (signals(available=0.01), "critical"),
+    (Signals(None, None, 0.5, apple_level=4), "critical"),
+    (Signals(None, None, 0.5, apple_level=2), "high"),
+])
+def test_pressure_thresholds(sig, level):
+    assert raw_level(sig, CFG) == level
+
+
+def test_pressure_rises_at_once_and_falls_after_calm():
+    state = PressureState()
+    state = next_state(state, signals(some=0.3), 0.0, CFG)
+    assert state.level == "high"
+    state = next_state(state, signals(some=0.22), 1.0, CFG)  # below 25 % but above 80 % of it
+    assert state.level == "high" and state.calm_since is None
+    state = next_state(state, signals(some=0.01), 2.0, CFG)
+    assert state.level == "high"  # calm, but not for long enough
+    state = next_state(state, signals(some=0.01), 2.0 + CFG.calm_seconds, CFG)
+    assert state.level == "ok"
+
+
+# -- budget ------------------------------------------------------------------------------------
+
+def test_budget_counts_what_the_job_holds_in_its_reported_units():
+    # 20 GB free, the job holds 30 GB of which its reports count 25 GB (the rest: context etc).
+    p = pool(capacity=80 * GB, free=20 * GB, own=30 * GB, margin=2 * GB)
+    assert p.budget(latest_peak=25 * GB) == 20 * GB + 25 * GB - 2 * GB
+    assert p.with_reserved(5 * GB).budget(25 * GB) == 38 * GB
+    unknown = pool(free=20 * GB, own=None, margin=2 * GB)
+    assert unknown.budget(latest_peak=25 * GB) == 43 * GB
+
+
+def gpu(index, uuid, pids=()):
+    return Gpu(index, uuid, "H100", 80 * GB, 10 * GB, 70 * GB, 0, False,
+               processes=tuple(GpuProcess(p, GB) for p in pids))
+
+
+def test_find_gpu_by_uuid_then_visible_devices_then_processes():
+    gpus = [gpu(0, "GPU-aaaa"), gpu(1, "GPU-bbbb", pids=[42])]
+    assert find_gpu(gpus, device_uuid="bbbb").uuid == "GPU-bbbb"  # torch's uuid has no prefix
+    assert find_gpu(gpus, device="cuda:0", visible="1").uuid == "GPU-bbbb"  # CUDA index 0 is NVML 1
+    assert find_gpu(gpus, device="cuda:0", visible="GPU-bb").uuid == "GPU-bbbb"
+    assert find_gpu(gpus, pids=[42]).uuid == "GPU-bbbb"
+    assert find_gpu(gpus, device="cuda:0").uuid == "GPU-aaaa"
+    assert find_gpu(gpus) is None  # two GPUs and nothing to tell them apart
+
+
+# -- controller --------------------------------------------------------------------------------
+
+def test_first_plan_is_the_default_or_a_cautious_prior():
+    d = decide(None, pool(), Limits(default_batch=32), ControlState(), "ok", CFG)
+    assert d.plan.batch_size == 32 and "no reports yet" in d.plan.reason
+    prior = fit([], Prior(10 * GB, GB))
+    d = decide(prior, pool(), Limits(), ControlState(), "ok", CFG)
+    fits = prior.max_batch(pool().budget(None))
+    assert d.plan.batch_size == fits // 2  # never a blind jump on a prior alone
+    d = decide(prior, pool(), Limits(default_batch=500), ControlState(), "ok", CFG)
+    assert d.plan.batch_size == fits  # a default the prior says cannot fit is lowered
+
+
+def test_plan_jumps_to_what_the_bound_proves_safe():
+    curve = fit([Observation(8, 10 * GB)])
+    p = pool(free=50 * GB, own=10 * GB, margin=GB)
+    d = decide(curve, p, Limits(), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB, latest_batch=8)
+    assert d.plan.batch_size == int(8 * p.budget(10 * GB) / (10 * GB))
+    assert d.predicted_peak_bytes <= d.budget_bytes
+
+
+def test_oom_cuts_a_quarter_holds_then_grows_back_to_the_ceiling():
+    curve = Curve(0, 0.5 * GB, "fit", 3, 1.0)  # says 100+ fits: the OOM knows better
+    limits = Limits()
+    state = after_oom(ControlState(batch=40), 40, limits, CFG)
+    assert state.batch == 30 and state.ceiling == 39
+    big = pool(free=70 * GB, own=0)
+    d = decide(curve, big, limits, state, "ok", CFG, latest_peak=15 * GB, latest_batch=30)
+    assert d.plan.batch_size == 30 and "holding" in d.plan.reason
+    state = d.state
+    for _ in range(CFG.stable_steps):
+        state = after_report(state, 30)
+    d = decide(curve, big, limits, state, "ok", CFG, latest_peak=15 * GB, latest_batch=30)
+    assert d.plan.batch_size == 39 and "ceiling" in d.plan.reason
+
+
+def test_pressure_holds_growth_and_critical_cuts_once_and_throttles():
+    curve = Curve(0, 0.1 * GB, "fit", 3, 1.0)
+    state = ControlState(batch=20)
+    d = decide(curve, pool(), Limits(), state, "elevated", CFG, latest_peak=2 * GB, latest_batch=20)
+    assert d.plan.batch_size == 20 and not d.plan.throttle and d.plan.pressure == "elevated"
+    d = decide(curve, pool(), Limits(), state, "critical", CFG, latest_peak=2 * GB, latest_batch=20)
+    assert d.plan.batch_size == 15 and d.plan.throttle
+    again = decide(curve, pool(), Limits(), d.state, "critical", CFG, latest_peak=2 * GB, latest_batch=15)
+    assert again.plan.batch_size == 15  # once per episode, not on every request
+
+
+def test_limits_and_target_are_respected():
+    curve = Curve(GB, 0.1 * GB, "fit", 3, 1.0)
+    d = decide(curve, pool(), Limits(min_batch=4, max_batch=14, target=16), ControlState(batch=8), "ok", CFG,
+               latest_peak=2 * GB, latest_batch=8)
+    assert (d.plan.batch_size, d.plan.grad_accum_steps, d.plan.effective_batch_size) == (8, 2, 16)
+    tiny = pool(free=0, own=0, margin=0)
+    d = decide(curve, tiny, Limits(min_batch=4), ControlState(batch=8), "ok", CFG, latest_peak=2 * GB, latest_batch=8)
+    assert d.plan.batch_size == 4 and "min_batch" in d.plan.reason
+
+
+def test_workers_follow_measured_cost_and_seed_table():
+    curve = Curve(GB, 0.1 * GB, "fit", 3, 1.0)
+    shared = Pool("host", "unified", 128 * GB, 20 * GB, 30 * GB, GB)
+    d = decide(curve, shared, Limits(num_workers=8), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB,
+               latest_batch=8, worker_bytes=[4 * GB, 4 * GB], host_total_bytes=128 * GB)
+    budget = d.budget_bytes
+    spare = budget - curve.peak(d.plan.batch_size)
+    assert d.plan.num_workers == min(8, 2 + int(spare // (4 * GB)))
+    unmeasured = decide(curve, shared, Limits(num_workers=8), ControlState(batch=8), "ok", CFG,
+                        host_total_bytes=100 * GB)
+    assert unmeasured.plan.num_workers == 2  # 64-127 GB of unified memory: 2 workers (seed 000)
+    high = decide(curve, shared, Limits(num_workers=4, prefetch_factor=4), ControlState(batch=8), "high", CFG,
+                  host_total_bytes=256 * GB)
+    assert (high.plan.num_workers, high.plan.prefetch_factor) == (2, 1)

@@ -24,6 +24,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    if args.command != "serve":
+        _quiet_logging()  # one-shot commands: stdout is for their output, warnings go to stderr
     try:
         return args.run(args)
     except ConfigError as exc:
@@ -33,6 +35,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _quiet_logging() -> None:
+    from memd.config import Config
+    from memd.logs import configure_logging
+
+    configure_logging(Config(log_level="warning", log_format="console"), stream=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,16 +116,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from memd.daemon import _nvml
     from memd.sampling.sampler import Sampler
     from memd.sampling.snapshot import as_json
 
-    gpus = _nvml()
+    sampler = Sampler.default()
     try:
-        snap = Sampler(gpus=gpus).sample(pid=args.pid)
+        snap = sampler.sample(pid=args.pid)
     finally:
-        if gpus is not None:
-            gpus.shutdown()
+        sampler.close()
     data = as_json(snap)
     if args.json:
         print(json.dumps(data, indent=2))

@@ -9,7 +9,6 @@ gets the service restarted.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import signal
 import sys
 import threading
@@ -22,6 +21,7 @@ from memd import config as config_module
 from memd import metrics, ops
 from memd.config import Config
 from memd.core import VERSION, Core
+from memd.logs import configure_logging
 from memd.notify import Notifier
 from memd.policy.pressure import host_signals, next_state
 from memd.sampling import procs
@@ -36,30 +36,13 @@ HOUSEKEEPING = 1.0  # seconds between session expiry passes
 FLUSH = 30.0  # seconds between writes of learned state (also on bye, expiry and shutdown)
 
 
-def configure_logging(cfg: Config, stream=None) -> None:
-    stream = stream or sys.stdout
-    as_json = cfg.log_format == "json" or (cfg.log_format == "auto" and not stream.isatty())
-    renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, cfg.log_level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(stream),
-        cache_logger_on_first_use=False,
-    )
-
-
 class Daemon:
     def __init__(self, cfg: Config, sampler: Optional[Sampler] = None, notifier: Optional[Notifier] = None,
                  reload: Optional[Callable[[], Config]] = None, clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self.clock = clock
         self.reload_config = reload
-        self.sampler = sampler or Sampler(gpus=_nvml())
+        self.sampler = sampler or Sampler.default()
         self.notifier = notifier or Notifier()
         self.store = StateStore(cfg.resolved_state_dir())
         sessions = Sessions(cfg.max_sessions, cfg.session_ttl, clock, self._alive)
@@ -123,6 +106,7 @@ class Daemon:
         if self.metrics is not None:
             self.metrics.shutdown()
         self.notifier.close()
+        self.sampler.close()
         log.info("memd stopped", sessions=len(self.core.sessions))
 
     def stop(self, *_args) -> None:
@@ -220,14 +204,6 @@ def serve(cfg: Config, reload: Optional[Callable[[], Config]] = None) -> int:
     finally:
         daemon.shutdown()
     return 0
-
-
-def _nvml():
-    try:
-        from memd.sampling.nvml import Nvml
-    except ImportError:
-        return None
-    return Nvml()
 
 
 def _curve_key(cfg: Config) -> Optional[bytes]:

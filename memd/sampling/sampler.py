@@ -107,6 +107,18 @@ class Sampler:
             processes=processes,
         )
 
+    @classmethod
+    def default(cls) -> "Sampler":
+        """This machine as it is: /proc, and NVIDIA GPUs through NVML when there are any."""
+        from .nvml import Nvml
+
+        return cls(gpus=Nvml())
+
+    def close(self) -> None:
+        shutdown = getattr(self.gpus, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
     def job(self, pid: int, gpus: Sequence[Gpu] = (), detail: bool = True) -> JobMemory:
         """A job's tree and cgroup; a vanished job comes back with no processes, not an error."""
         errors: Errors = []

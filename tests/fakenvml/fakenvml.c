@@ -25,6 +25,7 @@
  *       fail=<error>              every query on this device fails (the handle lookup works)
  *       memory=<error>            the memory queries (v1 and v2) fail, e.g. not_supported (GB10)
  *       procs=<error>             the running-process queries fail
+ *       hang=<milliseconds>       the memory queries stall that long first (a wedged driver)
  *       mig=on|off|<error>        MIG mode, or the error its MIG queries return (default:
  *                                 Not Supported; on when the GPU has mig lines)
  *   mig <parent-uuid> <uuid> [total= used= reserved= util= fail= memory= procs= name=]
@@ -52,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 typedef struct fake_device *nvmlDevice_t;
@@ -104,6 +106,7 @@ struct fake_device {
     int mig_fail;
     int parent;   /* index into devices[] of the physical GPU, -1 for a physical GPU */
     int mig_index;
+    unsigned int hang_ms; /* the memory queries stall this long, as a wedged driver does */
 };
 
 struct fake_proc {
@@ -201,6 +204,7 @@ static void parse_device_keys(struct fake_device *d, char *rest, int line)
         else if (strcmp(tok, "fail") == 0) d->fail = parse_error(value, line);
         else if (strcmp(tok, "memory") == 0) d->memory_fail = parse_error(value, line);
         else if (strcmp(tok, "procs") == 0) d->procs_fail = parse_error(value, line);
+        else if (strcmp(tok, "hang") == 0) d->hang_ms = (unsigned int)strtoul(value, NULL, 10);
         else if (strcmp(tok, "mig") == 0 && strcmp(value, "on") == 0) d->mig_mode = 1;
         else if (strcmp(tok, "mig") == 0 && strcmp(value, "off") == 0) d->mig_mode = 0;
         else if (strcmp(tok, "mig") == 0) d->mig_fail = parse_error(value, line);
@@ -469,6 +473,17 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     return end(d ? copy_out(uuid, length, d->uuid) : ret);
 }
 
+/* Return through end() after stalling, outside the lock, as long as the device says. */
+static nvmlReturn_t end_after_stall(nvmlReturn_t ret, unsigned int ms)
+{
+    pthread_mutex_unlock(&lock);
+    if (ms) {
+        struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        while (nanosleep(&t, &t) != 0) {}
+    }
+    return ret;
+}
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
     nvmlReturn_t ret = begin();
@@ -479,7 +494,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
         memory->used = d->used + d->reserved; /* v1: used includes the reservation */
         memory->free = d->total > memory->used ? d->total - memory->used : 0;
     }
-    return end(ret);
+    return end_after_stall(ret, d ? d->hang_ms : 0);
 }
 
 #ifndef FAKE_NO_V2
@@ -497,7 +512,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
         memory->used = d->used;
         memory->free = d->total > taken ? d->total - taken : 0;
     }
-    return end(ret);
+    return end_after_stall(ret, d ? d->hang_ms : 0);
 }
 #endif
 

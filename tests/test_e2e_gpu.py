@@ -1,0 +1,143 @@
+"""The real daemon, the real nvidia-ml-py bindings and the real policy over a fake driver
+(tests/fakenvml): GPUs in `memd sample` and `memd status`, GPU budgets, lost GPUs, unified
+memory, and the watchdog going quiet when a driver call hangs."""
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from memd import client
+from realdaemon import Daemon, run_memd
+
+GiB = 2 ** 30
+TWO_GPUS = """
+driver 550.54.15
+gpu GPU-11111111-aaaa total=80GiB used=10GiB reserved=512MiB util=40 name=NVIDIA H100 80GB HBM3
+gpu GPU-22222222-bbbb total=80GiB used=30GiB reserved=512MiB util=90 name=NVIDIA H100 80GB HBM3
+proc GPU-22222222-bbbb {pid} 20GiB
+"""
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture
+def gpu_memd(tmp_path, fake_nvml):
+    fake_nvml.write(TWO_GPUS.format(pid=os.getpid()))
+    daemon = Daemon(tmp_path, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.1"}).start()
+    yield daemon, fake_nvml
+    daemon.stop()
+
+
+def test_sample_shows_discrete_gpus_with_v2_numbers(fake_nvml):
+    fake_nvml.write(TWO_GPUS.format(pid=os.getpid()))
+    out = run_memd(["sample", "--json"], env=fake_nvml.env({}))
+    data = json.loads(out.stdout)
+    assert data["memory_model"] == "discrete"
+    first = data["gpus"][0]
+    assert (first["uuid"], first["name"], first["total_bytes"]) == ("GPU-11111111-aaaa", "NVIDIA H100 80GB HBM3", 80 * GiB)
+    assert (first["used_bytes"], first["reserved_bytes"], first["free_bytes"]) == (10 * GiB, GiB // 2, 80 * GiB - 10 * GiB - GiB // 2)
+    assert first["utilization"] == 0.4 and first["unified"] is False and first["healthy"] is True
+    human = run_memd(["sample"], env=fake_nvml.env({}))
+    assert "NVIDIA H100" in human.stdout
+
+
+def test_session_is_budgeted_on_its_own_gpu(gpu_memd):
+    memd, _ = gpu_memd
+    # A bare CUDA index is ambiguous (CUDA_VISIBLE_DEVICES, ordering): the process NVML sees
+    # on a GPU is better evidence, and wins.
+    with client.Session("gpu-job", endpoint=memd.endpoint, timeout=1.0, default_batch=8, device="cuda:0") as s:
+        s.plan()
+        s.report(batch_size=8, peak_bytes=18 * GiB)
+        view = wait_for(lambda: next(v for v in memd.call("status")["sessions"] if v["job"] == "gpu-job")["reports"] == 1
+                        and next(v for v in memd.call("status")["sessions"] if v["job"] == "gpu-job"))
+        # Found by its process on GPU 2; budget = free 49.5 + min(own 20, peak 18) - 5 % margin.
+        assert view["pool"] == "GPU-22222222-bbbb"
+        margin = int(80 * GiB * 0.05)
+        assert view["budget_bytes"] == int(49.5 * GiB) + 18 * GiB - margin
+        assert view["predicted_peak_bytes"] <= view["budget_bytes"]
+        assert view["plan"]["batch_size"] == int(8 * view["budget_bytes"] / (18 * GiB))
+
+
+def test_status_shows_gpus_and_survives_a_lost_gpu(gpu_memd):
+    memd, fake = gpu_memd
+    gpus = memd.call("status")["snapshot"]["gpus"]
+    assert [g["uuid"] for g in gpus] == ["GPU-11111111-aaaa", "GPU-22222222-bbbb"]
+    # pid attribution: the 20 GiB process is this test process, on the second GPU only
+    assert [(p["pid"], p["used_bytes"]) for p in gpus[1]["processes"]] == [(os.getpid(), 20 * GiB)]
+    assert gpus[0]["processes"] == []
+    fake.write(TWO_GPUS.format(pid=os.getpid()).replace("util=40", "util=40 fail=lost"))
+    lost = wait_for(lambda: not memd.call("status")["snapshot"]["gpus"][0]["healthy"]
+                    and memd.call("status")["snapshot"])
+    assert lost["gpus"][0]["uuid"] == "GPU-11111111-aaaa"  # still named after it was lost
+    assert lost["gpus"][1]["healthy"] and lost["gpus"][1]["used_bytes"] == 30 * GiB
+    assert any(e["source"] == "nvml" for e in lost["errors"])
+    assert lost["memory_model"] == "discrete"
+    out = run_memd(["status", "--endpoint", memd.endpoint])
+    assert "UNHEALTHY" in out.stdout
+
+
+def test_not_supported_memory_makes_the_machine_unified(tmp_path, fake_nvml):
+    fake_nvml.write("gpu GPU-33333333-cccc memory=not_supported name=NVIDIA GB10\n")
+    daemon = Daemon(tmp_path, env=fake_nvml.env({})).start()
+    try:
+        snap = daemon.call("status")["snapshot"]
+        assert snap["memory_model"] == "unified"
+        assert snap["gpus"][0]["unified"] is True and snap["gpus"][0]["total_bytes"] is None
+        token = daemon.call("hello", job="spark", pid=os.getpid(), host=socket.gethostname())["token"]
+        daemon.call("report", token=token, batch_size=4, peak_bytes=GiB)
+        view = daemon.call("status")["sessions"][0]
+        assert view["pool"] == "host"  # GPU and CPU draw on one pool
+    finally:
+        daemon.stop()
+
+
+def test_daemon_measures_gpu_peak_when_not_told(gpu_memd):
+    memd, _ = gpu_memd
+    token = memd.call("hello", job="measured", pid=os.getpid(), host=socket.gethostname())["token"]
+    memd.call("plan", token=token)
+    # Wait until the daemon has read this job's tree and attributed its GPU memory.
+    time.sleep(0.3)
+    memd.call("report", token=token, batch_size=8)  # peak_bytes absent: measure it
+    view = next(v for v in memd.call("status")["sessions"] if v["job"] == "measured")
+    assert view["latest_peak_bytes"] == 20 * GiB  # what NVML attributes to this process
+
+
+def test_hung_sampler_stops_watchdog_pings(tmp_path, fake_nvml):
+    notify_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(notify_path)
+    sock.settimeout(0.05)
+    fake_nvml.write("gpu GPU-44444444-dddd total=16GiB used=1GiB name=Tesla T4\n")
+    daemon = Daemon(tmp_path, env={**fake_nvml.env({}), "NOTIFY_SOCKET": notify_path,
+                                    "WATCHDOG_USEC": "200000"}).start()
+    try:
+        def pings(seconds):
+            count, deadline = 0, time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    count += sock.recv(100) == b"WATCHDOG=1"
+                except socket.timeout:
+                    pass
+            return count
+
+        assert pings(1.0) >= 3  # healthy: every 100 ms
+        fake_nvml.write("gpu GPU-44444444-dddd total=16GiB used=1GiB hang=4000 name=Tesla T4\n")
+        time.sleep(2.5)  # the sampler is stuck in the driver; its heartbeat goes stale after 2 s
+        pings(0.1)  # drop the pings sent before it went stale
+        assert pings(1.0) == 0
+        assert daemon.call("ping")["pong"] is True  # requests are still answered meanwhile
+        fake_nvml.write("gpu GPU-44444444-dddd total=16GiB used=1GiB name=Tesla T4\n")
+        assert wait_for(lambda: pings(0.5) >= 1, timeout=10)  # the sampler recovered: pings resume
+    finally:
+        daemon.stop()
+        sock.close()

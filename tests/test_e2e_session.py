@@ -120,6 +120,21 @@ def test_stalled_daemon_does_not_block_the_loop(memd):
     s.close()
 
 
+def test_close_is_bounded_when_a_stalled_daemon_filled_the_queue(memd):
+    s = client.Session("flood", endpoint=memd.endpoint, timeout=0.1, default_batch=8)
+    assert s.plan().source == "daemon"
+    os.kill(memd.proc.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        for _ in range(5000):  # far past the send high-water mark: reports are dropped, not raised
+            s.report(batch_size=8, peak_bytes=GB)
+        s.close()  # its bye cannot be queued either; close must still return
+        assert time.monotonic() - start < 2.0
+    finally:
+        os.kill(memd.proc.pid, signal.SIGCONT)
+    assert memd.call("ping")["pong"] is True
+
+
 def test_client_recovers_after_daemon_restart(memd):
     s = client.Session("restart", endpoint=memd.endpoint, timeout=0.2, default_batch=8)
     assert s.plan().source == "daemon"

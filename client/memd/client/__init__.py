@@ -180,14 +180,14 @@ class Session:
             return
         try:
             if self._sock is not None and self._pid == os.getpid():
-                try:
-                    if self._token is not None:
+                if self._token is not None:
+                    try:
                         self._sock.send(protocol.encode(protocol.request("bye", self._next_id(), token=self._token)),
                                         zmq.NOBLOCK)
-                    self._sock.close(linger=int(self.timeout * 1000))
-                except zmq.ZMQError:
-                    pass
-                self._ctx.term()
+                    except zmq.ZMQError:
+                        pass  # queue full or daemon gone: it expires the session by itself
+                # destroy() closes the socket even when the send failed: term() alone would wait forever.
+                self._ctx.destroy(linger=int(self.timeout * 1000))
             self._reset()
         finally:
             self._lock.release()

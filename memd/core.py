@@ -39,6 +39,7 @@ class Core:
     requests: Counter = field(default_factory=collections.Counter)  # (op, outcome) -> count
     latency: "Histogram" = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     sessions_expired: int = 0
+    epoch: int = 0  # bumped by the server thread whenever a session changes (see ops._decide)
     ooms_reported: int = 0
 
     def uptime(self) -> float:

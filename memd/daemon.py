@@ -165,6 +165,7 @@ class Daemon:
     def _expire(self) -> None:
         for session in self.core.sessions.expire():
             self.core.sessions_expired += 1
+            self.core.epoch += 1
             ops.remember(self.core, session)
             log.info("session expired", job=session.job, pid=session.pid, reports=session.reports)
 

@@ -64,6 +64,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         visible_devices=_str(req, "cuda_visible_devices", limit=256), hints=dict(hints),
         prior=prior_from_hints(hints),
     )
+    core.epoch += 1
     pool = pool_for(session, snapshot, None, core.config.policy)
     memory = core.store.recall(session.job, pool_key(pool, snapshot))
     if memory is not None:
@@ -105,6 +106,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
         session.latest_peak, session.latest_batch = peak, batch
     session.reports += 1
     session.state = after_report(session.state, batch)
+    core.epoch += 1
     return {"plan": _decide(core, session).plan.to_wire()}
 
 
@@ -118,6 +120,7 @@ def oom(core: Core, req: Dict[str, Any]) -> Result:
     session.ooms += 1
     core.ooms_reported += 1
     session.state = after_oom(session.state, batch, session.limits, core.config.policy)
+    core.epoch += 1
     return {"plan": _decide(core, session).plan.to_wire()}
 
 
@@ -129,6 +132,7 @@ def bye(core: Core, req: Dict[str, Any]) -> Result:
     token = req.get("token")
     session = core.sessions.close(token) if isinstance(token, str) else None
     if session is not None:
+        core.epoch += 1
         remember(core, session)
     return {}
 
@@ -172,7 +176,23 @@ def remember(core: Core, session: Session) -> None:
 
 
 def _decide(core: Core, session: Session):
-    return plan_session(session, _snapshot(core), core.pressure.level, core.sessions, core.jobs, core.config.policy)
+    """plan_session, memoised until one of its inputs changes.
+
+    A decision is a pure function of the published snapshot, pressure, job trees, config and
+    the sessions (every change to one, a new plan included, bumps ``core.epoch``), and deciding
+    again on its own output state is a fixed point; so a repeated ``plan`` costs a few identity
+    checks, not a policy run.
+    """
+    key = (_snapshot(core), core.pressure, core.jobs, core.config, core.epoch)
+    cached = session.decided
+    if cached is not None and all(a is b for a, b in zip(cached[0], key)):
+        return cached[1]
+    previous = session.plan
+    decision = plan_session(session, key[0], key[1].level, core.sessions, key[2], key[3].policy)
+    if decision.plan != previous:
+        core.epoch += 1  # the pool's other sessions reserve this one's growth: they decide again
+    session.decided = (key[:4] + (core.epoch,), decision)
+    return decision
 
 
 def _snapshot(core: Core):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import secrets
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterator, List, Optional
+from typing import Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 from memd.client.plan import Plan
 from memd.policy.controller import ControlState, Limits
@@ -57,6 +57,7 @@ class Session:
     latest_batch: Optional[int] = None
     reports: int = 0
     ooms: int = 0
+    decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
 
 
 class Sessions:

@@ -1,4 +1,5 @@
 """Config, state and systemd notification: unit tests, and the real daemon under a fake systemd."""
+import dataclasses
 import json
 import os
 import socket
@@ -11,6 +12,8 @@ from memd.config import ConfigError
 from memd.notify import Notifier
 from memd.policy.fit import Observation
 from memd.state import StateStore
+
+GB = 10 ** 9
 from realdaemon import Daemon
 
 # -- config ------------------------------------------------------------------------------------
@@ -132,3 +135,46 @@ def test_daemon_notifies_ready_watchdog_and_stopping(tmp_path, notify_socket):
     finally:
         assert daemon.stop() == 0
     assert "STOPPING=1" in messages(sock, "STOPPING=1")
+
+
+def _core_with_host(tmp_path, available):
+    """A Core as the daemon builds it, over a synthetic snapshot of a host with no GPU."""
+    import time as _time
+
+    from memd.config import Config
+    from memd.core import Core
+    from memd.sampling.snapshot import CPU, Snapshot, SystemMemory
+    from memd.sessions import Sessions
+    from memd.state import StateStore
+
+    cfg = Config()
+    core = Core(config=cfg, sessions=Sessions(8, 60.0, _time.monotonic, lambda s: True),
+                store=StateStore(str(tmp_path)), host="elsewhere")
+    core.snapshot = Snapshot(taken_at=0.0, monotonic=0.0, host="elsewhere", memory_model=CPU,
+                             system=SystemMemory(64 * GB, available, 0, 0, 0), pressure=None, cgroup=None)
+    return core
+
+
+def test_repeated_plans_are_memoised_until_an_input_changes(tmp_path):
+    from memd import ops
+
+    core = _core_with_host(tmp_path, 32 * GB)
+    hello = dict(job="a", pid=1, host="remote", min_batch=1, default_batch=8)
+    a = ops.hello(core, hello)["token"]
+    b = ops.hello(core, dict(hello, job="b"))["token"]
+    for token in (a, b):
+        ops.report(core, {"token": token, "batch_size": 8, "peak_bytes": 8 * GB})
+    first = ops.plan(core, {"token": a})["plan"]
+    session = core.sessions.get(a)
+    memo = session.decided
+    assert ops.plan(core, {"token": a})["plan"] == first
+    assert session.decided is memo  # nothing changed: no policy run
+    ops.report(core, {"token": b, "batch_size": 8, "peak_bytes": 20 * GB})  # the other job grew
+    assert ops.plan(core, {"token": a})["plan"] is not None
+    assert session.decided is not memo  # decided again: b's growth is reserved in a's pool
+    memo = session.decided
+    core.snapshot = dataclasses.replace(core.snapshot, system=dataclasses.replace(core.snapshot.system,
+                                                                                   available_bytes=4 * GB))
+    smaller = ops.plan(core, {"token": a})["plan"]
+    assert session.decided is not memo
+    assert smaller["batch_size"] < first["batch_size"]  # a new snapshot is seen at once

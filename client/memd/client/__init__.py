@@ -212,6 +212,7 @@ class Session:
         self._pid = os.getpid()
         self._ctx: Optional[zmq.Context] = None
         self._sock: Optional[zmq.Socket] = None
+        self._poller: Optional[zmq.Poller] = None
         self._fresh_socket = False
         self._token: Optional[str] = None
         self._plan: Optional[Plan] = None
@@ -241,6 +242,8 @@ class Session:
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             sock.connect(self.endpoint)
+            self._poller = zmq.Poller()  # kept: Socket.poll() would build one per round trip
+            self._poller.register(sock, zmq.POLLIN)
             self._sock = sock
             self._fresh_socket = True
         return self._sock
@@ -275,10 +278,13 @@ class Session:
         self._send(sock, protocol.request(op, request_id, **fields), deadline)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(remaining * 1000, zmq.POLLIN):
+            if remaining <= 0 or not self._poller.poll(remaining * 1000):
                 raise _Unavailable("no reply to %s within %.0f ms" % (op, self.timeout * 1000))
-            reply = self._receive(sock)
-            if reply is None or reply.get("id") != request_id:
+            reply = self._receive(sock, absorb=False)
+            if reply is None:
+                continue
+            if reply.get("id") != request_id:
+                self._absorb(reply)
                 continue
             if reply.get("ok") is True and isinstance(reply.get("result"), dict):
                 self._backoff = _BACKOFF_FIRST
@@ -309,8 +315,8 @@ class Session:
                     pass
         raise _Unavailable("daemon not connected at %s" % self.endpoint)
 
-    def _receive(self, sock: zmq.Socket) -> Optional[Dict[str, Any]]:
-        """Read one reply; absorb what it teaches (a plan, a token); None when unreadable."""
+    def _receive(self, sock: zmq.Socket, absorb: bool = True) -> Optional[Dict[str, Any]]:
+        """Read one reply (None when unreadable), absorbing what it teaches unless told not to."""
         try:
             data = sock.recv(zmq.NOBLOCK)
             reply = protocol.decode(data)
@@ -318,6 +324,12 @@ class Session:
             return None
         if not isinstance(reply, dict):
             return None
+        if absorb:
+            self._absorb(reply)
+        return reply
+
+    def _absorb(self, reply: Dict[str, Any]) -> None:
+        """Learn from a reply nobody waits for: a token, a newer plan."""
         result = reply.get("result")
         if reply.get("ok") is True and isinstance(result, dict):
             if self._token is None and isinstance(result.get("token"), str):
@@ -327,14 +339,13 @@ class Session:
                     self._accept(result)
                 except ValueError:
                     pass
-        return reply
 
     def _drain(self) -> None:
         sock = self._sock
         if sock is None:
             return
         for _ in range(256):
-            if not sock.poll(0, zmq.POLLIN):
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:  # cheaper than poll(0) on the hot path
                 return
             self._receive(sock)
 

@@ -5,7 +5,7 @@ the client's local fallback both call it, so a plan keeps the effective batch wh
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 PRESSURE_LEVELS = ("ok", "elevated", "high", "critical")
@@ -26,7 +26,7 @@ class Plan:
     fresh_for: float = 1.0  # seconds the plan may be served from cache without asking again
 
     def to_wire(self) -> Dict[str, Any]:
-        return asdict(self)
+        return dict(vars(self))  # flat fields: asdict()'s recursive deep copy costs ~40 us per plan
 
     @classmethod
     def from_wire(cls, data: Any, source: str = "daemon") -> "Plan":

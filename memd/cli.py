@@ -66,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--json", action="store_true", help="machine-readable output")
     sample.add_argument("--pid", type=int, help="also read this process and all its descendants")
     sample.set_defaults(run=_sample)
+
+    doctor = sub.add_parser("doctor", help="what memd can and cannot see here (NVML, PSI, cgroup, /proc, socket)")
+    _endpoint_args(doctor)
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(run=_doctor)
     return parser
 
 
@@ -137,6 +142,26 @@ def _sample(args: argparse.Namespace) -> int:
                                                        _mib(p["pss_bytes"]), _mib(p["uss_bytes"]), _mib(p["gpu_bytes"])))
     for error in data["errors"]:
         print("  ! %s: %s" % (error["source"], error["message"]))
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from memd.sampling.capabilities import Capability, check_all
+
+    endpoint = args.endpoint or protocol.default_endpoint()
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+    found = check_all(socket_path=path)
+    try:
+        pong = call("ping", endpoint=endpoint, timeout=args.timeout)
+        found.append(Capability("daemon", True, "memd %s answers at %s (up %.0f s)" % (
+            pong.get("version"), endpoint, pong.get("uptime_seconds", 0))))
+    except DaemonUnavailable as exc:
+        found.append(Capability("daemon", False, "%s; start it with `memd serve`" % exc))
+    if args.json:
+        print(json.dumps([c.as_json() for c in found], indent=2))
+    else:
+        for c in found:
+            print("%-12s %-12s %s" % (c.name, "available" if c.available else "unavailable", c.detail))
     return 0
 
 

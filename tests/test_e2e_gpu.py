@@ -141,3 +141,41 @@ def test_hung_sampler_stops_watchdog_pings(tmp_path, fake_nvml):
     finally:
         daemon.stop()
         sock.close()
+
+
+def test_doctor_names_every_capability(fake_nvml, tmp_path):
+    bare = json.loads(run_memd(["doctor", "--json", "--endpoint", "ipc://%s/none.sock" % tmp_path]).stdout)
+    by_name = {c["name"]: c for c in bare}
+    assert set(by_name) == {"nvml", "platform", "psi", "cgroup", "proc_access", "socket", "daemon"}
+    assert by_name["nvml"]["available"] is False and "libnvidia-ml.so.1" in by_name["nvml"]["detail"]
+    assert by_name["daemon"]["available"] is False and "memd serve" in by_name["daemon"]["detail"]
+    assert by_name["psi"]["available"] is os.path.exists("/proc/pressure/memory")
+    fake_nvml.write(TWO_GPUS.format(pid=os.getpid()))
+    human = run_memd(["doctor", "--endpoint", "ipc://%s/none.sock" % tmp_path], env=fake_nvml.env({}))
+    assert human.returncode == 0
+    nvml_line = [line for line in human.stdout.splitlines() if line.startswith("nvml")][0]
+    assert "available" in nvml_line and "unavailable" not in nvml_line and "2 GPUs" in nvml_line
+
+
+def test_doctor_says_when_other_users_processes_are_unreadable():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become another user")
+    from memd.sampling.capabilities import check_proc_access
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child becomes nobody and looks at root's processes
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            c = check_proc_access()
+            os.write(write, json.dumps([c.available, c.detail]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    available, detail = json.loads(os.read(read, 4096))
+    os.close(read)
+    assert available is False and "CAP_SYS_PTRACE" in detail
+    mine = check_proc_access()
+    assert mine.available is True

@@ -6,6 +6,7 @@ registry of sessions and the pure policy.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, Iterable, List, Optional
 
 from memd.config import PolicyConfig
@@ -79,15 +80,21 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
     curve = curve_for(session)
+    # A job that ran on a GPU whose memory cannot be read now (lost, driver down) must not be
+    # budgeted from host RAM, which may be far larger: no budget, so the plan holds.
+    gpu_gone = session.pool not in (None, budget.HOST) and pool.name != session.pool
     decision = decide(
-        curve, pool, session.limits, session.state, level, cfg,
+        curve, None if gpu_gone else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         worker_bytes=job.worker_bytes if job is not None else None,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
+    if gpu_gone:
+        decision = replace(decision, plan=replace(decision.plan, reason="holding %d: GPU %s cannot be read now (lost, "
+                                                  "or the driver is down)" % (decision.plan.batch_size, session.pool)))
     session.plan = decision.plan
     session.state = decision.state
-    session.pool = pool.name
+    session.pool = session.pool if gpu_gone else pool.name
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     return decision

@@ -86,6 +86,26 @@ def test_status_shows_gpus_and_survives_a_lost_gpu(gpu_memd):
     assert "UNHEALTHY" in out.stdout
 
 
+def test_a_session_whose_gpu_is_lost_holds_its_batch(gpu_memd):
+    memd, fake = gpu_memd
+    with client.Session("lost-gpu", endpoint=memd.endpoint, timeout=1.0, default_batch=8, device="cuda:0") as s:
+        s.plan()
+        s.report(batch_size=8, peak_bytes=18 * GiB)
+        view = wait_for(lambda: next(v for v in memd.call("status")["sessions"] if v["job"] == "lost-gpu")["reports"] == 1
+                        and next(v for v in memd.call("status")["sessions"] if v["job"] == "lost-gpu"))
+        assert view["pool"] == "GPU-22222222-bbbb"
+        before = view["plan"]["batch_size"]
+        fake.write("driver 550.54.15\n")  # every GPU gone: the machine now looks like cpu
+        wait_for(lambda: memd.call("status")["snapshot"]["memory_model"] == "cpu")
+        s.report(batch_size=before, peak_bytes=18 * GiB * before // 8)
+        held = wait_for(lambda: "cannot be read" in (s.plan().reason or "") and s.plan())
+        assert held.batch_size == before  # not re-budgeted from host RAM
+        assert "GPU-22222222-bbbb" in held.reason
+        fake.write(TWO_GPUS.format(pid=os.getpid()))  # back: budgeted on its GPU again
+        back = wait_for(lambda: "cannot be read" not in s.plan().reason and s.plan())
+        assert back.source == "daemon" and "cannot be read" not in back.reason
+
+
 def test_not_supported_memory_makes_the_machine_unified(tmp_path, fake_nvml):
     fake_nvml.write("gpu GPU-33333333-cccc memory=not_supported name=NVIDIA GB10\n")
     daemon = Daemon(tmp_path, env=fake_nvml.env({})).start()

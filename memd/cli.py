@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     _endpoint_args(doctor)
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(run=_doctor)
+
+    top = sub.add_parser("top", help="live view of the host, GPUs and sessions (Ctrl-C to leave)")
+    _endpoint_args(top)
+    top.add_argument("--interval", metavar="S", type=float, default=1.0, help="seconds between redraws")
+    top.add_argument("--once", action="store_true", help="print one frame and exit (1 when no daemon answers)")
+    top.set_defaults(run=_top)
     return parser
 
 
@@ -163,6 +169,17 @@ def _doctor(args: argparse.Namespace) -> int:
         for c in found:
             print("%-12s %-12s %s" % (c.name, "available" if c.available else "unavailable", c.detail))
     return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    from memd import top
+
+    if args.interval <= 0:
+        print("memd: --interval must be positive", file=sys.stderr)
+        return 2
+    endpoint = args.endpoint or protocol.default_endpoint()
+    return top.run(lambda: call("status", endpoint=endpoint, timeout=args.timeout), interval=args.interval,
+                   once=args.once, unavailable=DaemonUnavailable)
 
 
 def _print_machine(snap: dict) -> None:

@@ -5,6 +5,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from realdaemon import Daemon, memd_env, run_memd
 
@@ -129,3 +130,47 @@ def test_sample_with_pid_lists_the_tree(tmp_path):
 def test_python_dash_m_and_console_script_agree():
     out = subprocess.run([sys.executable, "-m", "memd", "--version"], env=memd_env(), capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("memd ")
+
+
+def test_top_shows_host_and_sessions_recommended_vs_used(memd):
+    from memd import client
+
+    with client.Session("top-job", endpoint=memd.endpoint, timeout=1.0, default_batch=4, target_effective_batch=64) as s:
+        s.plan()
+        s.report(batch_size=4, peak_bytes=10 ** 9)
+        deadline = time.monotonic() + 5
+        while s.plan().batch_size == 4 and time.monotonic() < deadline:
+            pass
+        out = run_memd(["top", "--once", "--endpoint", memd.endpoint])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("memd ") and "pressure" in lines[0]
+    assert any(line.startswith("host ") and "GiB used" in line for line in lines)
+    row = [line for line in lines if line.startswith("top-job")][0]
+    plan = s.plan()
+    assert "%d<-4" % plan.batch_size in row  # recommended <- last used
+
+
+def test_top_without_daemon_says_so(tmp_path):
+    out = run_memd(["top", "--once", "--endpoint", "ipc://%s/none.sock" % tmp_path])
+    assert out.returncode == 1 and "memd serve" in out.stderr and out.stdout == ""
+
+
+def test_top_render_marks_unhealthy_and_unified_gpus():
+    from memd.top import render
+
+    status = {"version": "0.1.0", "host": "n1", "uptime_seconds": 4000, "pressure_level": "high",
+              "snapshot": {"memory_model": "discrete", "system": {"total_bytes": 64 * 2 ** 30, "available_bytes": 16 * 2 ** 30,
+                                                                  "swap_total_bytes": 0, "swap_used_bytes": 0},
+                           "pressure": None, "cgroup": None, "errors": [{"source": "nvml", "message": "GPU lost"}],
+                           "gpus": [{"index": 0, "name": "H100", "healthy": False, "error": "GPU is lost"},
+                                    {"index": 1, "name": "GB10", "healthy": True, "unified": True, "total_bytes": None},
+                                    {"index": 2, "name": "A100", "healthy": True, "unified": False,
+                                     "total_bytes": 40 * 2 ** 30, "used_bytes": 30 * 2 ** 30, "utilization": 0.5}]},
+              "sessions": []}
+    text = render(status, width=120)
+    assert "up 1h06m" in text and "HIGH" in text
+    assert "[##################......]  75%" in text  # host: 48 of 64 GiB used
+    assert "UNHEALTHY: GPU is lost" in text and "unified (host RAM)" in text
+    assert "30/40" in text and " 50%" in text
+    assert "psi   not available" in text and "! nvml: GPU lost" in text

@@ -46,6 +46,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     )
     if limits.max_batch is not None and limits.max_batch < limits.min_batch:
         raise Invalid("max_batch %d is below min_batch %d" % (limits.max_batch, limits.min_batch))
+    if limits.target is not None and limits.target < limits.min_batch:
+        raise Invalid("target_effective_batch %d is below min_batch %d" % (limits.target, limits.min_batch))
     hints = req.get("hints") or {}
     if not isinstance(hints, dict) or len(hints) > 64 or not all(
             isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str))) for k, v in hints.items()):

@@ -64,6 +64,8 @@ def test_bad_arguments_are_programming_errors():
         client.Session("j", min_batch=0, endpoint="ipc:///nonexistent/x.sock")
     with pytest.raises(ValueError):
         client.Session("j", min_batch=8, max_batch=4, endpoint="ipc:///nonexistent/x.sock")
+    with pytest.raises(ValueError):
+        client.Session("j", min_batch=8, target_effective_batch=4, endpoint="ipc:///nonexistent/x.sock")
     with pytest.raises(TypeError):
         client.Session("j", hints=["not", "a", "dict"], endpoint="ipc:///nonexistent/x.sock")
     s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", timeout=0.01)

@@ -49,6 +49,8 @@ def assert_alive(exchange):
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": "1", "host": "h"}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "hints": [1]}), protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 8,
+                    "target_effective_batch": 4}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "plan", "id": 7, "token": "forged"}), protocol.UNKNOWN_SESSION),
     (msgpack.packb({"v": 1, "op": "report", "id": 7, "token": 12}), protocol.UNKNOWN_SESSION),
 ])

@@ -148,10 +148,12 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
             anchor, int(anchor * cfg.max_growth), fits)
     if (curve.source == "bound" and fits <= anchor and latest_peak and latest_batch
-            and budget - latest_peak >= 0.5 * latest_peak / latest_batch):
-        # One batch size seen and no provable room: probe one more sample to learn the slope.
-        return anchor + 1, "probing %d -> %d to learn the per-sample cost (%.2f GB free of the budget)" % (
-            anchor, anchor + 1, (budget - latest_peak) / GB)
+            and budget - latest_peak >= 0.5 * latest_peak / latest_batch and anchor // 2 >= limits.min_batch):
+        # One batch size seen, no provable room, yet room left: the bound p/b is pessimistic when
+        # much of p is fixed. One step at half the batch (always safe) measures the real slope.
+        probe = anchor // 2
+        return probe, "probing %d -> %d for one step to learn the per-sample cost (%.2f GB of the budget unused)" % (
+            anchor, probe, (budget - latest_peak) / GB)
     peak = curve.peak(max(fits, 1)) / GB
     return fits, "%d fits: predicted peak %.2f GB of a %.2f GB budget (%s from %d batch size%s)" % (
         fits, peak, budget / GB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")

@@ -82,6 +82,9 @@ class Session:
         self.target_effective_batch = _count(target_effective_batch, "target_effective_batch", optional=True)
         if self.max_batch is not None and self.max_batch < self.min_batch:
             raise ValueError("max_batch (%d) is below min_batch (%d)" % (self.max_batch, self.min_batch))
+        if self.target_effective_batch is not None and self.target_effective_batch < self.min_batch:
+            raise ValueError("target_effective_batch (%d) is below min_batch (%d)"
+                             % (self.target_effective_batch, self.min_batch))
         self.device = device
         self.hints = _clean_hints(hints)
         self._lock = threading.Lock()

@@ -72,6 +72,8 @@ def split_batch(limit: int, target: Optional[int], min_batch: int = 1) -> Tuple[
     limit = max(limit, min_batch, 1)
     if not target:
         return limit, 1, ""
+    if target < min_batch:
+        return min_batch, 1, "target %d is below min_batch %d: effective batch is %d" % (target, min_batch, min_batch)
     if limit >= target:
         return target, 1, ""
     fitting = [d for d in _divisors(target) if min_batch <= d <= limit]

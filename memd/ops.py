@@ -106,6 +106,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
             check_remembered(session, observation)
         session.observations.append(observation)
         session.latest_peak, session.latest_batch = peak, batch
+        session.peaks.append((core.clock(), peak))
     session.reports += 1
     session.state = after_report(session.state, batch)
     core.epoch += 1

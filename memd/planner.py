@@ -39,13 +39,14 @@ def pool_key(pool: budget.Pool, snapshot: Snapshot) -> str:
     return "%s:%d" % (pool.kind, pool.capacity_bytes // 2 ** 30)
 
 
-def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session]) -> int:
-    """Growth already promised to the other sessions in a pool, not yet visible as usage."""
+def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session], at: float) -> int:
+    """Growth already promised to the other sessions in a pool, not yet visible as usage in the
+    snapshot taken ``at``."""
     total = 0
     for other in sessions:
         if other is session or other.pool != pool_name or other.predicted_peak_bytes is None:
             continue
-        held = other.latest_peak or 0
+        held = other.peak_held_at(at)
         total += max(0, int(other.predicted_peak_bytes) - held)
     return total
 
@@ -75,7 +76,9 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
                  jobs: Dict[int, JobMemory], cfg: PolicyConfig) -> Decision:
     job = jobs.get(session.pid) if session.local else None
     pool = pool_for(session, snapshot, job, cfg)
-    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions))
+    if pool.own_bytes is None:  # what the job held when the snapshot was taken, from its reports
+        pool = replace(pool, own_bytes=session.peak_held_at(snapshot.monotonic))
+    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic))
     level = host_level
     if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full

@@ -54,10 +54,21 @@ class Session:
     budget_bytes: Optional[int] = None
     predicted_peak_bytes: Optional[float] = None
     latest_peak: Optional[int] = None
+    peaks: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=8))  # (when, peak)
     latest_batch: Optional[int] = None
     reports: int = 0
     ooms: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
+
+    def peak_held_at(self, when: float) -> int:
+        """The peak the job had reported by ``when`` (0 if none): what a snapshot taken then saw
+        it hold, since allocators keep their peak. Pairing a snapshot's free memory with a newer
+        report would count the job's growth twice."""
+        held = 0
+        for reported_at, peak in self.peaks:
+            if reported_at <= when:
+                held = peak
+        return held
 
 
 class Sessions:

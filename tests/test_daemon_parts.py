@@ -178,3 +178,20 @@ def test_repeated_plans_are_memoised_until_an_input_changes(tmp_path):
     smaller = ops.plan(core, {"token": a})["plan"]
     assert session.decided is not memo
     assert smaller["batch_size"] < first["batch_size"]  # a new snapshot is seen at once
+
+
+def test_a_report_newer_than_the_snapshot_is_not_counted_twice(tmp_path):
+    """The snapshot's free memory already excludes what the job held when it was taken; a peak
+    reported after it must not be added back as if it were still free to reuse."""
+    from memd import ops
+    from memd.policy.budget import margin
+
+    core = _core_with_host(tmp_path, 32 * GB)
+    token = ops.hello(core, dict(job="a", pid=1, host="remote", min_batch=1, default_batch=8))["token"]
+    ops.report(core, {"token": token, "batch_size": 8, "peak_bytes": 8 * GB})
+    session = core.sessions.get(token)
+    room = margin(64 * GB, core.config.policy)
+    assert session.budget_bytes == 32 * GB - room  # snapshot older than the report: held 0
+    core.snapshot = dataclasses.replace(core.snapshot, monotonic=time.monotonic() + 1)
+    ops.plan(core, {"token": token})
+    assert session.budget_bytes == 32 * GB + 8 * GB - room  # a snapshot taken after it: held 8 GB

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class PolicyConfig:
     """Thresholds and moves of the controller (docs/policy.md gives each one's source)."""
-    margin_ratio: float = 0.05  # of a pool's capacity, kept free on top of the learned peak
+    margin_ratio: float = 0.03  # of a pool's capacity, kept free on top of the learned (upper-bound) peak
     margin_min_bytes: int = 512 * 1024 ** 2
     elevated_some_avg10: float = 0.10  # PSI "some" ratio: tasks stalled on memory 10 % of the time
     high_some_avg10: float = 0.25

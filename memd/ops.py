@@ -106,7 +106,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
             check_remembered(session, observation)
         session.observations.append(observation)
         session.latest_peak, session.latest_batch = peak, batch
-        session.peaks.append((core.clock(), peak))
+        session.note_peak(core.clock(), peak)
     session.reports += 1
     session.state = after_report(session.state, batch)
     core.epoch += 1
@@ -121,6 +121,7 @@ def oom(core: Core, req: Dict[str, Any]) -> Result:
     session = core.sessions.get(req.get("token"))
     batch = _int(req, "batch_size", required=True, low=1)
     session.ooms += 1
+    session.note_oom(core.clock())
     core.ooms_reported += 1
     session.state = after_oom(session.state, batch, session.limits, core.config.policy)
     core.epoch += 1

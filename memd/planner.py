@@ -76,8 +76,6 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
                  jobs: Dict[int, JobMemory], cfg: PolicyConfig) -> Decision:
     job = jobs.get(session.pid) if session.local else None
     pool = pool_for(session, snapshot, job, cfg)
-    if pool.own_bytes is None:  # what the job held when the snapshot was taken, from its reports
-        pool = replace(pool, own_bytes=session.peak_held_at(snapshot.monotonic))
     pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic))
     level = host_level
     if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
@@ -89,6 +87,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     decision = decide(
         curve, None if gpu_gone else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
+        held_peak=session.peak_held_at(snapshot.monotonic),
         worker_bytes=job.worker_bytes if job is not None else None,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )

@@ -54,20 +54,29 @@ class Session:
     budget_bytes: Optional[int] = None
     predicted_peak_bytes: Optional[float] = None
     latest_peak: Optional[int] = None
-    peaks: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=8))  # (when, peak)
+    # (when, the largest peak reported since the last OOM, as of then): what the job's allocator holds
+    held: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
     latest_batch: Optional[int] = None
     reports: int = 0
     ooms: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
 
+    def note_peak(self, when: float, peak: int) -> None:
+        self.held.append((when, max(peak, self.held[-1][1] if self.held else 0)))
+
+    def note_oom(self, when: float) -> None:
+        self.held.append((when, 0))  # PyTorch frees its cached blocks when an allocation fails
+
     def peak_held_at(self, when: float) -> int:
-        """The peak the job had reported by ``when`` (0 if none): what a snapshot taken then saw
-        it hold, since allocators keep their peak. Pairing a snapshot's free memory with a newer
-        report would count the job's growth twice."""
+        """What the job held at ``when``, in its reported units: the largest peak reported since
+        its last OOM, because caching allocators keep what they once reserved (0 when nothing
+        was reported by then). A snapshot's free memory is paired with the job's holding *when
+        the snapshot was taken*: a newer report would count the job's growth twice."""
         held = 0
-        for reported_at, peak in self.peaks:
-            if reported_at <= when:
-                held = peak
+        for noted_at, value in self.held:
+            if noted_at > when:
+                break
+            held = value
         return held
 
 

@@ -58,10 +58,10 @@ def test_session_is_budgeted_on_its_own_gpu(gpu_memd):
     with client.Session("gpu-job", endpoint=memd.endpoint, timeout=1.0, default_batch=8, device="cuda:0") as s:
         s.plan()
         s.report(batch_size=8, peak_bytes=18 * GiB)
-        # Found by its process on GPU 2; budget = free 49.5 + min(own 20, peak 18) - 5 % margin,
+        # Found by its process on GPU 2; budget = free 49.5 + min(own 20, peak 18) - 3 % margin,
         # once the daemon has read the job's processes (until then it counts only what the job
         # had reported before the snapshot it decides on: nothing, so a smaller budget).
-        margin = int(80 * GiB * 0.05)
+        margin = int(80 * GiB * 0.03)
         expected = int(49.5 * GiB) + 18 * GiB - margin
 
         def view():

@@ -102,10 +102,10 @@ def test_pressure_rises_at_once_and_falls_after_calm():
 def test_budget_counts_what_the_job_holds_in_its_reported_units():
     # 20 GB free, the job holds 30 GB of which its reports count 25 GB (the rest: context etc).
     p = pool(capacity=80 * GB, free=20 * GB, own=30 * GB, margin=2 * GB)
-    assert p.budget(latest_peak=25 * GB) == 20 * GB + 25 * GB - 2 * GB
+    assert p.budget(held_peak=25 * GB) == 20 * GB + 25 * GB - 2 * GB
     assert p.with_reserved(5 * GB).budget(25 * GB) == 38 * GB
     unknown = pool(free=20 * GB, own=None, margin=2 * GB)
-    assert unknown.budget(latest_peak=25 * GB) == 43 * GB
+    assert unknown.budget(held_peak=25 * GB) == 43 * GB
 
 
 def gpu(index, uuid, pids=()):

@@ -28,20 +28,20 @@ class Pool:
     margin_bytes: int
     reserved_bytes: int = 0  # growth promised to other sessions sharing the pool
 
-    def budget(self, latest_peak: Optional[int]) -> int:
+    def budget(self, held_peak: Optional[int]) -> int:
         """The largest peak (in the job's reported units) that still fits.
 
-        The job holds ``own`` now; reports may leave part of it out (the CUDA context, the
-        Python heap), and ``min(own, latest_peak)`` counts only the part its reports include.
-        When ``own`` is unknown the job is assumed to hold its last reported peak (true of
-        PyTorch's caching allocator, which keeps what it reserved).
+        The job holds ``own`` in the pool (as measured); reports may leave part of it out (the
+        CUDA context, the Python heap), and ``min(own, held_peak)`` counts only the part its
+        reports include. When ``own`` is unknown the job is taken to hold ``held_peak``, the
+        largest peak it reported (PyTorch's caching allocator keeps what it reserved).
         """
         if self.own_bytes is None:
-            held = latest_peak or 0
-        elif latest_peak is None:
+            held = held_peak or 0
+        elif held_peak is None:
             held = self.own_bytes
         else:
-            held = min(self.own_bytes, latest_peak)
+            held = min(self.own_bytes, held_peak)
         return self.free_bytes + held - self.margin_bytes - self.reserved_bytes
 
     def with_reserved(self, reserved_bytes: int) -> "Pool":

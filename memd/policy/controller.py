@@ -70,8 +70,10 @@ def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig
 def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: ControlState, level: str,
            cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
            worker_bytes: Optional[List[int]] = None, host_total_bytes: Optional[int] = None,
-           host_free_bytes: Optional[int] = None) -> Decision:
-    budget = pool.budget(latest_peak) if pool is not None else None
+           host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None) -> Decision:
+    """``held_peak``: what the job held (in its reported units) when the pool's free memory was
+    measured; by default its latest peak."""
+    budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
 

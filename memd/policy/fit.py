@@ -67,11 +67,11 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     base = _base(observations)
     if len(points) == 1:
         return _one_point(points[0], base, prior)
-    return _line(points, base, noise)
+    return _line(_without_spiked_batch(points), base, noise)
 
 
-def aggregate(observations: Iterable[Observation]) -> List[Tuple[int, float, Optional[float]]]:
-    """(batch, robust peak, relative spread or None) per batch size, ascending by batch."""
+def aggregate(observations: Iterable[Observation]) -> List[Tuple[int, float, Optional[float], int]]:
+    """(batch, robust peak, relative spread or None, reports) per batch size, ascending by batch."""
     by_batch: Dict[int, List[int]] = {}
     for obs in observations:
         if obs.batch >= 1 and obs.peak_bytes > 0:
@@ -82,13 +82,14 @@ def aggregate(observations: Iterable[Observation]) -> List[Tuple[int, float, Opt
         top = float(max(peaks))
         # The relative spread of repeated reports; None until there are enough to tell.
         spread = (statistics.pstdev(peaks) / statistics.mean(peaks)) if len(peaks) >= 3 else None
-        points.append((batch, top, spread))
+        points.append((batch, top, spread, len(peaks)))
     return points
 
 
 def _without_isolated_spike(peaks: List[int]) -> List[int]:
-    """Drop the single largest report when it stands far above an otherwise tight cluster."""
-    if len(peaks) < 5:
+    """Drop the single largest report when it stands far above an otherwise tight cluster
+    (two or more reports that agree); two high reports are believed."""
+    if len(peaks) < 3:
         return peaks
     ordered = sorted(peaks)
     rest = ordered[:-1]
@@ -99,13 +100,48 @@ def _without_isolated_spike(peaks: List[int]) -> List[int]:
     return peaks
 
 
+def _without_spiked_batch(points):
+    """Drop one batch size whose only report stands far above the line the others draw.
+
+    A lone report cannot be checked against its own batch size; against four or more others it
+    can. If the batch was not a spike, the next report at it is high again, and two reports at
+    one batch size are always believed, so a real cost is dropped at most once.
+    """
+    if len(points) < 4:
+        return points
+    worst, worst_excess = None, 0.0
+    for i, (x, y, _, count) in enumerate(points):
+        if count != 1:
+            continue
+        others = points[:i] + points[i + 1:]
+        line = _ols([p[0] for p in others], [p[1] for p in others])
+        if line is None:
+            continue
+        residuals = [abs(p[1] - (line[0] + line[1] * p[0])) / p[1] for p in others]
+        excess = (y - (line[0] + line[1] * x)) / y
+        # The others must agree with their own line (within a few %) for it to judge this one.
+        if max(residuals) <= 0.03 and excess > max(0.05, 4 * max(residuals)) and excess > worst_excess:
+            worst, worst_excess = i, excess
+    return points if worst is None else points[:worst] + points[worst + 1:]
+
+
+def _ols(xs, ys):
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
 def _base(observations: Sequence[Observation]) -> Optional[float]:
     bases = [o.base_bytes for o in observations if o.base_bytes is not None and o.base_bytes > 0]
     return float(min(bases)) if bases else None
 
 
-def _one_point(point: Tuple[int, float, Optional[float]], base: Optional[float], prior: Optional[Prior]) -> Curve:
-    batch, peak, _ = point
+def _one_point(point: Tuple[int, float, Optional[float], int], base: Optional[float], prior: Optional[Prior]) -> Curve:
+    batch, peak, _, _ = point
     if base is not None and base < peak:
         # Memory held between steps is batch-independent, so (peak - base) / b bounds per_sample.
         return Curve(base, (peak - base) / batch, "bound", 1, 0.5)
@@ -114,15 +150,15 @@ def _one_point(point: Tuple[int, float, Optional[float]], base: Optional[float],
     return Curve(0.0, peak / batch, "bound", 1, 0.25)
 
 
-def _line(points: List[Tuple[int, float, Optional[float]]], base: Optional[float], noise: float) -> Curve:
-    xs = [float(b) for b, _, _ in points]
-    ys = [p for _, p, _ in points]
+def _line(points: List[Tuple[int, float, Optional[float], int]], base: Optional[float], noise: float) -> Curve:
+    xs = [float(p[0]) for p in points]
+    ys = [p[1] for p in points]
     n = len(points)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     # Noise per report: what repeated reports showed, else the assumed level.
-    seen = [spread for _, _, spread in points if spread is not None]
+    seen = [p[2] for p in points if p[2] is not None]
     rel = max(seen + [noise / 10]) if seen else noise
     sigma = rel * my
     residual = math.sqrt(sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys)) / (n - 2)) if n > 2 else 0.0

@@ -31,7 +31,7 @@ class PolicyConfig:
     critical_available_ratio: float = 0.02  # or less than 2 % of the pool still available
     calm_seconds: float = 10.0  # a pressure level is left only after this long below its threshold
     oom_cut: float = 0.25  # cut the batch by this share after an OOM (seed 000)
-    stable_steps: int = 50  # steps without trouble before growing back toward an OOM ceiling
+    stable_steps: int = 10  # clean steps before growing back toward an OOM ceiling
     max_growth: float = 2.0  # one move at most multiplies the batch by this
     plan_fresh_seconds: float = 1.0  # how long a client may serve a plan from its cache
     worker_bytes_default: int = 0  # assumed per-worker cost before one is measured; 0 = use the table

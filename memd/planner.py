@@ -80,6 +80,13 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     level = host_level
     if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
+    held = session.peak_held_at(snapshot.monotonic)
+    if (pool.own_bytes is None and held == 0 and session.plan is not None and session.held
+            and session.held[-1][1] > 0 and session.held[-1][0] > snapshot.monotonic):
+        # The job reported after this snapshot was taken and nothing before it: what it held
+        # then is unknown, so free memory cannot be paired with it. Keep the plan for the
+        # moment until the next sample (an interval away) sees the job's memory.
+        return Decision(session.plan, session.state, session.budget_bytes, session.predicted_peak_bytes)
     curve = curve_for(session)
     # A job that ran on a GPU whose memory cannot be read now (lost, driver down) must not be
     # budgeted from host RAM, which may be far larger: no budget, so the plan holds.
@@ -87,7 +94,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     decision = decide(
         curve, None if gpu_gone else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
-        held_peak=session.peak_held_at(snapshot.monotonic),
+        held_peak=held if pool.own_bytes is None else session.peak_held_at(float("inf")),
         worker_bytes=job.worker_bytes if job is not None else None,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )

@@ -164,6 +164,7 @@ def test_repeated_plans_are_memoised_until_an_input_changes(tmp_path):
     b = ops.hello(core, dict(hello, job="b"))["token"]
     for token in (a, b):
         ops.report(core, {"token": token, "batch_size": 8, "peak_bytes": 8 * GB})
+    core.snapshot = dataclasses.replace(core.snapshot, monotonic=time.monotonic())  # sampled after the reports
     first = ops.plan(core, {"token": a})["plan"]
     session = core.sessions.get(a)
     memo = session.decided
@@ -173,8 +174,8 @@ def test_repeated_plans_are_memoised_until_an_input_changes(tmp_path):
     assert ops.plan(core, {"token": a})["plan"] is not None
     assert session.decided is not memo  # decided again: b's growth is reserved in a's pool
     memo = session.decided
-    core.snapshot = dataclasses.replace(core.snapshot, system=dataclasses.replace(core.snapshot.system,
-                                                                                   available_bytes=4 * GB))
+    core.snapshot = dataclasses.replace(core.snapshot, monotonic=time.monotonic(), system=dataclasses.replace(
+        core.snapshot.system, available_bytes=4 * GB))
     smaller = ops.plan(core, {"token": a})["plan"]
     assert session.decided is not memo
     assert smaller["batch_size"] < first["batch_size"]  # a new snapshot is seen at once
@@ -191,7 +192,13 @@ def test_a_report_newer_than_the_snapshot_is_not_counted_twice(tmp_path):
     ops.report(core, {"token": token, "batch_size": 8, "peak_bytes": 8 * GB})
     session = core.sessions.get(token)
     room = margin(64 * GB, core.config.policy)
-    assert session.budget_bytes == 32 * GB - room  # snapshot older than the report: held 0
-    core.snapshot = dataclasses.replace(core.snapshot, monotonic=time.monotonic() + 1)
+    # The only snapshot is older than the report: what the job held then is unknown, so the
+    # plan is kept until a newer sample arrives, and never budgeted from free + the new peak.
+    assert session.plan.batch_size == 8 and "no reports yet" in session.plan.reason
+    assert session.budget_bytes == 32 * GB - room  # as hello left it: no new pairing made
+    core.snapshot = dataclasses.replace(core.snapshot, monotonic=time.monotonic())
     ops.plan(core, {"token": token})
     assert session.budget_bytes == 32 * GB + 8 * GB - room  # a snapshot taken after it: held 8 GB
+    time.sleep(0.001)
+    ops.report(core, {"token": token, "batch_size": 16, "peak_bytes": 12 * GB})  # newer than the snapshot
+    assert session.budget_bytes == 32 * GB + 8 * GB - room  # still paired with the 8 GB it held then

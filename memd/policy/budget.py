@@ -37,7 +37,8 @@ class Pool:
         largest peak it reported (PyTorch's caching allocator keeps what it reserved).
         """
         if self.own_bytes is None:
-            held = held_peak or 0
+            # Unmeasured, the job cannot hold more than the pool has in use.
+            held = min(held_peak or 0, max(0, self.capacity_bytes - self.free_bytes))
         elif held_peak is None:
             held = self.own_bytes
         else:

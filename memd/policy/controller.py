@@ -136,7 +136,7 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     if limits.max_batch is not None:
         start = min(start, limits.max_batch)
     if curve is None or budget is None:
-        if current is not None:
+        if current is not None and current != start:
             return current, "keeping %d: no memory curve yet" % current
         return start, "starting at %d: no reports yet" % start
     fits = curve.max_batch(budget)

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 NOISE = 0.02  # assumed relative noise of one peak report before the job shows its own
 Z = 2.0  # standard errors added to the slope
+PRIOR_POINTS = 3  # weight of the assumed noise against the residuals the job shows
 
 
 @dataclass(frozen=True)
@@ -37,18 +38,29 @@ class Curve:
     source: str  # "prior", "bound" (one batch size seen), "fit" (two or more)
     batch_sizes: int  # distinct batch sizes observed
     confidence: float  # 0..1: grows with distinct batch sizes and their spread
+    # (batch, highest credible report x (1 + 2 noise)) per observed batch size, ascending: what
+    # was seen beats what the line extrapolates, for that batch and (peaks grow with the
+    # batch) every smaller one.
+    observed: Tuple[Tuple[int, float], ...] = ()
 
     def peak(self, batch: int) -> float:
-        return self.fixed_bytes + self.per_sample_bytes * batch
+        line = self.fixed_bytes + self.per_sample_bytes * batch
+        for seen, bound in self.observed:
+            if seen >= batch:
+                return min(line, min(b for s, b in self.observed if s >= batch))
+        return line
 
     def max_batch(self, budget_bytes: float) -> int:
         """The largest batch whose predicted peak fits ``budget_bytes`` (0 when none does)."""
         room = budget_bytes - self.fixed_bytes
         if room < 0:
-            return 0
-        if self.per_sample_bytes <= 0:
-            return 1 << 20
-        return int(math.floor(room / self.per_sample_bytes + 1e-9))
+            fits = 0
+        elif self.per_sample_bytes <= 0:
+            fits = 1 << 20
+        else:
+            fits = int(math.floor(room / self.per_sample_bytes + 1e-9))
+        seen = [s for s, bound in self.observed if bound <= budget_bytes and s > fits]
+        return max(seen + [fits])
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,11 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0)
     base = _base(observations)
     if len(points) == 1:
-        return _one_point(points[0], base, prior)
-    return _line(_without_spiked_batch(points), base, noise)
+        curve = _one_point(points[0], base, prior)
+    else:
+        curve = _line(_without_spiked_batch(points, noise), base, noise)
+    # A report can sit noise below the truth and the next one noise above it: 2 x noise.
+    return replace(curve, observed=tuple((b, top * (1 + 2 * noise)) for b, top, _, _ in points))
 
 
 def aggregate(observations: Iterable[Observation]) -> List[Tuple[int, float, Optional[float], int]]:
@@ -100,7 +115,7 @@ def _without_isolated_spike(peaks: List[int]) -> List[int]:
     return peaks
 
 
-def _without_spiked_batch(points):
+def _without_spiked_batch(points, noise: float = NOISE):
     """Drop one batch size whose only report stands far above the line the others draw.
 
     A lone report cannot be checked against its own batch size; against four or more others it
@@ -110,6 +125,7 @@ def _without_spiked_batch(points):
     if len(points) < 4:
         return points
     worst, worst_excess = None, 0.0
+    scale = max(p[1] for p in points)  # judged against the largest peak: what planning risks
     for i, (x, y, _, count) in enumerate(points):
         if count != 1:
             continue
@@ -117,10 +133,15 @@ def _without_spiked_batch(points):
         line = _ols([p[0] for p in others], [p[1] for p in others])
         if line is None:
             continue
-        residuals = [abs(p[1] - (line[0] + line[1] * p[0])) / p[1] for p in others]
-        excess = (y - (line[0] + line[1] * x)) / y
+        residuals = [abs(p[1] - (line[0] + line[1] * p[0])) / scale for p in others]
+        excess = (y - (line[0] + line[1] * x)) / scale
+        # Far from the others the line itself is uncertain: widen the band with the leverage.
+        xs = [p[0] for p in others]
+        mx = sum(xs) / len(xs)
+        leverage = math.sqrt(1 + 1 / len(xs) + (x - mx) ** 2 / sum((v - mx) ** 2 for v in xs))
+        band = max(0.05, 4 * max(residuals), 2 * noise * leverage)
         # The others must agree with their own line (within a few %) for it to judge this one.
-        if max(residuals) <= 0.03 and excess > max(0.05, 4 * max(residuals)) and excess > worst_excess:
+        if max(residuals) <= 0.03 and excess > band and excess > worst_excess:
             worst, worst_excess = i, excess
     return points if worst is None else points[:worst] + points[worst + 1:]
 
@@ -161,8 +182,12 @@ def _line(points: List[Tuple[int, float, Optional[float], int]], base: Optional[
     seen = [p[2] for p in points if p[2] is not None]
     rel = max(seen + [noise / 10]) if seen else noise
     sigma = rel * my
-    residual = math.sqrt(sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys)) / (n - 2)) if n > 2 else 0.0
-    se = max(sigma, residual) / math.sqrt(sxx)
+    if n > 2:
+        # The assumed noise counts as PRIOR_POINTS residuals; the job's own scatter takes over
+        # as it reports more batch sizes (never below a tenth of the assumed level).
+        residual2 = sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys))
+        sigma = max(math.sqrt((PRIOR_POINTS * sigma ** 2 + residual2) / (PRIOR_POINTS + n - 2)), sigma / 10)
+    se = sigma / math.sqrt(sxx)
     upper = max(0.0, slope) + Z * se
     if base is not None:
         # Between-step memory bounds per_sample from above at every observed batch.

@@ -339,7 +339,7 @@ class Session:
                 self._token = result["token"]  # a hello that timed out earlier did succeed
             if "plan" in result:
                 try:
-                    self._accept(result)
+                    self._accept(result, late=True)
                 except ValueError:
                     pass
 
@@ -352,12 +352,16 @@ class Session:
                 return
             self._receive(sock)
 
-    def _accept(self, result: Dict[str, Any]) -> None:
+    def _accept(self, result: Dict[str, Any], late: bool = False) -> None:
+        """Take the plan a reply carries. A ``late`` one (a reply drained after the fact, made
+        when the daemon handled an earlier report) replaces the plan but does not extend its
+        freshness: how long ago it was made is unknown."""
         if "plan" not in result:
             return
         plan = Plan.from_wire(result["plan"], source="daemon")
         self._plan = plan
-        self._plan_expires = time.monotonic() + plan.fresh_for
+        if not late:
+            self._plan_expires = time.monotonic() + plan.fresh_for
 
     def _send_later(self, op: str, fields: Dict[str, Any]) -> None:
         if not self._lock.acquire(timeout=self.timeout):

@@ -114,3 +114,16 @@ def test_a_scrape_never_samples(tmp_path):
     scrape(core)
     generate_latest(scrape(core))
     assert core.snapshot is before
+
+
+def test_docs_list_exactly_the_families_the_collector_can_expose(tmp_path):
+    from promtools import documented_families, families
+
+    full = snapshot(cgroup=Cgroup(2, "/", 32 * GiB, 20 * GiB, high_bytes=30 * GiB, working_set_bytes=18 * GiB,
+                                  oom_events=2, oom_kill_events=1))
+    core = core_with(tmp_path, full)
+    s = core.sessions.open(job="j", pid=1, host="h", local=True, start_time=1, limits=Limits())
+    s.plan = Plan(8, 1, 8, 0, None, False, "ok", "t", "daemon")
+    s.latest_batch, s.latest_peak, s.budget_bytes, s.predicted_peak_bytes = 8, GiB, 2 * GiB, GiB
+    exposed = families(generate_latest(scrape(core)).decode())
+    assert documented_families() == exposed

@@ -23,6 +23,9 @@ from memd.sampling.snapshot import UNIFIED, Snapshot
 GPU_LABELS = ["gpu", "uuid", "name", "parent_uuid"]
 SESSION_LABELS = ["session", "job", "rank", "pool"]
 PSI_WINDOWS = (("10", "avg10"), ("60", "avg60"), ("300", "avg300"))
+# Every source a sampling error can come from, exported at 0 from the start so that rate() and
+# alerts see the series before its first error (Prometheus' advice: initialise known labels).
+SAMPLE_SOURCES = ("cgroup", "nvml", "pressure", "procs", "sampler", "system", "vmstat")
 
 
 class MemdCollector:
@@ -92,7 +95,9 @@ class MemdCollector:
         latency.add_metric([], buckets, core.latency.sum)
         yield latency
         errors = CounterMetricFamily("memd_sample_errors", "Failed reads while sampling, by source", labels=["source"])
-        for source, count in sorted(core.sample_errors.items()):
+        counts = dict.fromkeys(SAMPLE_SOURCES, 0)
+        counts.update(core.sample_errors)
+        for source, count in sorted(counts.items()):
             errors.add_metric([source], count)
         yield errors
         yield CounterMetricFamily("memd_sessions_expired", "Sessions dropped for silence or a vanished process",
@@ -103,6 +108,7 @@ class MemdCollector:
             yield _gauge("memd_sample_duration_seconds", "Time the last sample took", core.snapshot.duration_seconds)
             yield _gauge("memd_last_sample_timestamp_seconds", "Wall-clock time of the last sample", core.snapshot.taken_at)
         yield _gauge("memd_remembered_jobs", "Job curves kept in the state directory", len(core.store))
+        yield _gauge("memd_start_time_seconds", "Wall-clock time the daemon started", core.started)
 
 
 def _host(snap: Snapshot) -> Iterator[Metric]:

@@ -202,3 +202,56 @@ def test_a_report_newer_than_the_snapshot_is_not_counted_twice(tmp_path):
     time.sleep(0.001)
     ops.report(core, {"token": token, "batch_size": 16, "peak_bytes": 12 * GB})  # newer than the snapshot
     assert session.budget_bytes == 32 * GB + 8 * GB - room  # still paired with the 8 GB it held then
+
+
+class SamplerKilled(BaseException):
+    """Escapes the sampling loop's `except Exception`: the sampler thread ends."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_killed_sampler_thread_stops_watchdog_pings(tmp_path, notify_socket):
+    import threading
+
+    from memd.config import Config
+    from memd.daemon import Daemon as InProcessDaemon
+    from memd.sampling.sampler import Sampler
+
+    class KillableSampler(Sampler):
+        def __init__(self):
+            super().__init__(gpus=None)
+            self.kill = threading.Event()
+
+        def sample(self, pid=None):
+            if self.kill.is_set():
+                raise SamplerKilled()
+            return super().sample(pid)
+
+    path, sock = notify_socket
+    cfg = Config(endpoint="ipc://%s/inproc.sock" % tmp_path, metrics_address="off", interval=0.05,
+                 state_dir=str(tmp_path / "state"))
+    sampler = KillableSampler()
+    daemon = InProcessDaemon(cfg, sampler=sampler,
+                             notifier=Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"}))
+    daemon.start()
+    runner = threading.Thread(target=daemon.run, daemon=True)
+    runner.start()
+    try:
+        def pings(seconds):
+            seen, deadline = 0, time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    seen += sock.recv(100) == b"WATCHDOG=1"
+                except socket.timeout:
+                    pass
+            return seen
+
+        assert pings(0.6) >= 3  # healthy: every 50 ms
+        sampler.kill.set()
+        daemon._sampler_thread.join(timeout=5)
+        assert not daemon._sampler_thread.is_alive()
+        pings(0.1)  # a ping already in flight
+        assert pings(0.6) == 0  # a dead sampler gets no pings, although its heartbeat is still fresh
+    finally:
+        daemon.stop()
+        runner.join(timeout=5)
+        daemon.shutdown()

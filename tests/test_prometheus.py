@@ -1,0 +1,93 @@
+"""The Prometheus side checked by Prometheus' own tool: rules, their unit tests, the example
+configuration, and the exposition of a live daemon (promtool check metrics reports nothing)."""
+import glob
+import os
+import subprocess
+import time
+import urllib.request
+
+import yaml
+
+from memd import client
+from promtools import ROOT, documented_families, families, require
+from realdaemon import Daemon
+
+RULES = os.path.join(ROOT, "prometheus", "memd-rules.yml")
+RULE_TESTS = sorted(glob.glob(os.path.join(ROOT, "prometheus", "tests", "*.yml")))
+GPUS = """
+gpu GPU-11111111-aaaa total=80GiB used=10GiB reserved=512MiB util=40 name=NVIDIA H100 80GB HBM3
+gpu GPU-22222222-bbbb total=80GiB used=1GiB mig=on name=NVIDIA A100-SXM4-80GB
+mig GPU-22222222-bbbb MIG-33333333-cccc total=10GiB used=1GiB name=NVIDIA A100-SXM4-80GB MIG 1g.10gb
+"""
+
+
+def promtool(*args, stdin=None):
+    return subprocess.run([require("promtool"), *args], input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def test_rules_pass_promtool_check():
+    out = promtool("check", "rules", RULES)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS" in out.stdout
+
+
+def test_rule_unit_tests_pass():
+    assert RULE_TESTS
+    out = promtool("test", "rules", *RULE_TESTS)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_alert_is_tested_firing_and_not_firing():
+    with open(RULES) as f:
+        alerts = {r["alert"] for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r}
+    firing, quiet = set(), set()
+    for path in RULE_TESTS:
+        with open(path) as f:
+            for test in yaml.safe_load(f)["tests"]:
+                for check in test.get("alert_rule_test", []):
+                    (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
+    assert alerts - firing == set(), "alerts never tested firing"
+    assert alerts - quiet == set(), "alerts never tested quiet"
+    required = {"MemdDown", "MemdHostMemoryLow", "MemdMemoryPressureWarning", "MemdMemoryPressureCritical",
+                "MemdCgroupNearLimit", "MemdGpuMemoryHigh", "MemdGpuLost", "MemdTrainingOOM", "MemdSamplingErrors"}
+    assert required <= alerts
+
+
+def test_every_alert_says_what_to_do():
+    with open(RULES) as f:
+        for group in yaml.safe_load(f)["groups"]:
+            for rule in group["rules"]:
+                if "alert" in rule:
+                    assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
+                    assert rule["annotations"]["summary"] and len(rule["annotations"]["description"]) > 80, rule["alert"]
+
+
+def test_example_config_is_valid():
+    out = promtool("check", "config", os.path.join(ROOT, "prometheus", "prometheus.example.yml"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_live_metrics_pass_promtool_check_metrics(tmp_path, fake_nvml):
+    promtool_path = require("promtool")
+    fake_nvml.write(GPUS)
+    daemon = Daemon(tmp_path, metrics=True, env=fake_nvml.env({})).start()
+    try:
+        with client.Session("lint", endpoint=daemon.endpoint, timeout=1.0, default_batch=8) as s:
+            s.plan()
+            s.report_oom(batch_size=8)
+            s.report(batch_size=6, peak_bytes=2 ** 30)
+            deadline = time.monotonic() + 10
+            while True:
+                text = urllib.request.urlopen("http://%s/metrics" % daemon.metrics_address, timeout=5).read().decode()
+                if "memd_session_peak_bytes{" in text or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        out = subprocess.run([promtool_path, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout + out.stderr == "", out.stdout + out.stderr
+        live = families(text)
+        assert 'memd_session_ooms_total{' in text and 'parent_uuid="GPU-22222222-bbbb"' in text
+        undocumented = set(live) - set(documented_families())
+        assert not undocumented, "add these to docs/metrics.md"
+        assert all(documented_families()[name] == kind for name, kind in live.items())
+    finally:
+        daemon.stop()

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import List, Optional
 
+from memd import cli_estimate
 from memd.client import DaemonUnavailable, call, protocol
 from memd.config import ConfigError
 from memd.core import VERSION
@@ -66,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     sample.add_argument("--json", action="store_true", help="machine-readable output")
     sample.add_argument("--pid", type=int, help="also read this process and all its descendants")
     sample.set_defaults(run=_sample)
+    cli_estimate.add_parser(sub)
     return parser
 
 

@@ -361,6 +361,93 @@ def transformer(layers: int, d_model: int, heads: int, vocab: int, positions: in
     return TransformerEstimate(P, prec, W, G, S, cast, activations, loss_peak, step_temp, int(peak), phase)
 
 
+# -- hints -> Prior ----------------------------------------------------------------------------
+
+ARCH_KEYS = ("layers", "d_model", "heads", "vocab", "seq_len")
+
+
+def prior_from_hints(hints: Any) -> Optional[Prior]:
+    """A job's a-priori memory line, fixed + per_sample x batch, from its hints; None when the
+    hints say nothing usable (invalid hints are ignored, never an error: the job still runs).
+
+    Accepted, first match wins (docs/policy.md lists the keys):
+    - {"fixed_bytes", "per_sample_bytes"}: the caller's own line;
+    - a GPT-style architecture {"layers", "d_model", "heads", "vocab", "seq_len"} with optional
+      "positions", "precision" (or "dtype"), "optimizer", "checkpointing", "attention",
+      "device": fixed = weights + gradients + optimizer states, per_sample = the transformer
+      estimate's growth per sample (an upper bound on its convex peak);
+    - an LLM {"params"} with optional "optimizer", "precision", "trainable_params",
+      "zero_stage", "gpus" and "per_sample_bytes" (else from the architecture keys).
+    """
+    if not isinstance(hints, Mapping):
+        return None
+    try:
+        fixed, per_sample = hints.get("fixed_bytes"), hints.get("per_sample_bytes")
+        if "params" not in hints and fixed is not None and per_sample is not None:
+            _non_negative("fixed_bytes", fixed)
+            _positive("per_sample_bytes", per_sample)
+            return Prior(int(fixed), int(per_sample), "hints")
+        if "params" in hints:
+            return _llm_prior(hints)
+        if all(key in hints for key in ARCH_KEYS):
+            est, per = _arch_line(hints)
+            return Prior(int(est.weights_bytes + est.grads_bytes + est.optimizer_bytes + est.step_temp_bytes),
+                         int(per), "transformer")
+    except (EstimateError, TypeError, ValueError, OverflowError):
+        return None
+    return None
+
+
+def _arch_line(hints: Mapping[str, Any]) -> Tuple[TransformerEstimate, float]:
+    kwargs = {key: _int_hint(hints, key) for key in ARCH_KEYS}
+    if "positions" in hints:
+        kwargs["positions"] = _int_hint(hints, "positions")
+    kwargs["precision"] = str(hints.get("precision", hints.get("dtype", "fp32")))
+    for key in ("optimizer", "attention", "device"):
+        if key in hints:
+            kwargs[key] = str(hints[key])
+    kwargs["checkpointing"] = hints.get("checkpointing") is True
+    return transformer_line(**kwargs)
+
+
+def transformer_line(layers: int, d_model: int, heads: int, vocab: int, seq_len: int, positions: Optional[int] = None,
+                     precision: str = "fp32", optimizer: str = "adamw", checkpointing: bool = False,
+                     attention: str = "sdpa", device: str = "cuda") -> Tuple[TransformerEstimate, float]:
+    """(estimate at batch 1, bytes per sample) such that fixed + per_sample x b bounds the peak
+    from above: the peak is a maximum of lines in the batch, so it is convex."""
+    kwargs = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, seq_len=seq_len,
+                  positions=positions or seq_len, precision=precision, optimizer=optimizer,
+                  checkpointing=checkpointing, attention=attention, device=device)
+    one, two = transformer(batch=1, **kwargs), transformer(batch=2, **kwargs)
+    batch_free = one.weights_bytes + one.grads_bytes + one.optimizer_bytes + one.step_temp_bytes
+    return one, max(two.peak_bytes - one.peak_bytes, one.peak_bytes - batch_free, 1)
+
+
+def _llm_prior(hints: Mapping[str, Any]) -> Prior:
+    kwargs = {"params": _number("params", hints["params"])}
+    for key in ("optimizer", "precision"):
+        if key in hints:
+            kwargs[key] = str(hints[key])
+    if "trainable_params" in hints:
+        kwargs["trainable_params"] = _number("trainable_params", hints["trainable_params"])
+    for key in ("zero_stage", "gpus"):
+        if key in hints:
+            kwargs[key] = _int_hint(hints, key)
+    est = llm(overhead_bytes=0, margin_bytes=0, **kwargs)
+    per_sample = hints.get("per_sample_bytes")
+    if per_sample is None and all(key in hints for key in ARCH_KEYS):
+        per_sample = _arch_line(hints)[1]
+    _positive("per_sample_bytes", per_sample)
+    return Prior(int(est.fixed_bytes), int(per_sample), "llm")
+
+
+def _int_hint(hints: Mapping[str, Any], key: str) -> int:
+    value = hints.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EstimateError("%s must be an integer: %r" % (key, value))
+    return value
+
+
 # -- helpers -----------------------------------------------------------------------------------
 
 def _r(value: float) -> float:
@@ -384,7 +471,7 @@ def _non_negative(name: str, value: Any) -> None:
 
 
 def _choice(name: str, value: Any, table: Mapping[str, Any]) -> Any:
-    key = str(value).lower().replace("_", "-")
+    key = str(value).lower().replace("_", "-").replace(" ", "-")
     if key not in table:
         raise EstimateError("unknown %s %r (one of %s)" % (name, value, ", ".join(table)))
     return table[key]

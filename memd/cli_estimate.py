@@ -171,7 +171,8 @@ def _llm(args: argparse.Namespace) -> int:
         per_sample = None if args.per_sample_gb is None else args.per_sample_gb * GB
         if per_sample is None and args.layers is not None:
             _, per_sample = est.transformer_line(args.layers, args.d_model, args.heads, args.vocab, args.seq_len,
-                                                 args.positions, args.precision, args.optimizer, args.checkpointing, args.attention)
+                                                 args.positions, args.precision, args.optimizer,
+                                                 args.checkpointing, args.attention)
         r = est.llm(args.params, args.optimizer, args.precision, args.trainable, args.base_quantization,
                     args.zero_stage, args.gpus, args.cuda_overhead_gb * GB, args.margin_gb * GB, per_sample,
                     None if args.gpu_gb is None else args.gpu_gb * GB)

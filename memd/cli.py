@@ -11,6 +11,7 @@ import json
 import sys
 from typing import List, Optional
 
+from memd import cli_estimate
 from memd.client import DaemonUnavailable, call, protocol
 from memd.config import ConfigError
 from memd.core import VERSION
@@ -77,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     top.add_argument("--interval", metavar="S", type=float, default=1.0, help="seconds between redraws")
     top.add_argument("--once", action="store_true", help="print one frame and exit (1 when no daemon answers)")
     top.set_defaults(run=_top)
+
+    cli_estimate.add_parser(sub)
     return parser
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Dict, Iterable, List, Optional
 
 from memd.config import PolicyConfig
-from memd.policy import budget
+from memd.policy import budget, estimate
 from memd.policy.controller import Decision, decide
 from memd.policy.fit import Observation, Prior, fit
 from memd.policy.pressure import rank
@@ -110,7 +110,6 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
 
 
 def prior_from_hints(hints: Dict[str, object]) -> Optional[Prior]:
-    fixed, per_sample = hints.get("fixed_bytes"), hints.get("per_sample_bytes")
-    if isinstance(fixed, (int, float)) and isinstance(per_sample, (int, float)) and fixed >= 0 and per_sample > 0:
-        return Prior(int(fixed), int(per_sample), "hints")
-    return None
+    """The job's a-priori curve from its hints (explicit line, architecture or LLM): see
+    memd.policy.estimate.prior_from_hints; None when the hints give nothing usable."""
+    return estimate.prior_from_hints(hints)

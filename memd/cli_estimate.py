@@ -1,0 +1,237 @@
+"""`memd estimate unified|accum|llm|transformer`: the seeds' calculators, done right.
+
+Human tables by default, --json for machines (GB are decimal GB, as in the seeds; byte fields
+end in _bytes). Bad input ends with one line on stderr and exit code 2, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import asdict
+from typing import Optional
+
+from memd.policy import estimate as est
+
+GB = est.GB
+_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        self.exit(2, "%s: error: %s\n" % (self.prog, message))
+
+
+def _count(text: str) -> float:
+    """8030000000, 8.03e9, 8.03B, 125M, 4.2k."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text).lower())
+    if not match:
+        raise argparse.ArgumentTypeError("not a count: %r (e.g. 8.03e9, 8.03B, 125M)" % text)
+    return float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("estimate", help="a-priori memory estimates (the seeds' calculators, done right)")
+    parser.error = _Parser.error.__get__(parser)
+    sub = parser.add_subparsers(dest="estimator", metavar="ESTIMATOR", parser_class=_Parser)
+    parser.set_defaults(run=lambda args: _usage(parser))
+
+    p = sub.add_parser("unified", help="unified-memory batch size for image models (seed 000)")
+    p.add_argument("--memory-gb", type=float, required=True, help="the pool: unified memory (or VRAM with --discrete)")
+    p.add_argument("--model", required=True, help="architecture: " + ", ".join(est.ARCH_WEIGHTS_GB))
+    p.add_argument("--resolution", type=int, required=True, help="training resolution in pixels (square)")
+    p.add_argument("--workers", type=int, default=0, help="dataloader workers (default 0)")
+    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB, help="GB per worker (default 8; ~4 for small models)")
+    p.add_argument("--os-reserve-gb", type=float, default=est.OS_RESERVE_GB, help="kept for the OS (default 8)")
+    p.add_argument("--quantization", default="none", help="none, 8bit or 4bit base model")
+    p.add_argument("--optimizer", default="adamw", help="adamw, lamb, adafactor or sgd")
+    p.add_argument("--ema", action="store_true", help="keep an EMA copy of the trained weights")
+    p.add_argument("--full-finetune", action="store_true", help="train all weights (EMA copies the whole model)")
+    p.add_argument("--dop", "--diff-output-preservation", dest="dop", action="store_true",
+                   help="differential output preservation (+3 GB)")
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (-30%% per sample)")
+    p.add_argument("--discrete", action="store_true", help="a discrete GPU: seed 000's initial-batch rule only")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=_unified)
+
+    p = sub.add_parser("accum", help="batch size and gradient accumulation for a target effective batch (seed 001)")
+    p.add_argument("--gpu-gb", type=float, help="GPU memory, sized by seed 001's rule")
+    p.add_argument("--max-batch", type=int, help="a known largest batch instead of --gpu-gb")
+    p.add_argument("--images-per-sample", type=int, default=1, help="images per sample (+70%% memory each)")
+    p.add_argument("--sample-gb", type=float, default=0.8, help="GB per one-image sample (default 0.8)")
+    p.add_argument("--target", type=int, help="target effective batch size")
+    p.add_argument("--min-batch", type=int, default=1, help="smallest acceptable batch (default 1)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=_accum)
+
+    p = sub.add_parser("llm", help="fixed and per-sample memory of LLM training, largest batch (seed 002, corrected)")
+    p.add_argument("--params", type=_count, required=True, help="parameters, e.g. 8.03B")
+    p.add_argument("--optimizer", default="adamw", help=", ".join(est.OPTIMIZER_STATES))
+    p.add_argument("--precision", default="mixed", help="fp32, mixed (16-bit compute, fp32 master), bf16, fp16")
+    p.add_argument("--lora-params", "--trainable-params", dest="trainable", type=_count,
+                   help="LoRA: trainable parameters (the base is frozen)")
+    p.add_argument("--base-quantization", default="none", help="frozen LoRA base: none, 8bit, 4bit")
+    p.add_argument("--zero-stage", type=int, default=0, help="ZeRO stage 0-3")
+    p.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs ZeRO partitions across")
+    p.add_argument("--cuda-overhead-gb", type=float, default=2.0, help="CUDA context, kernels, workspace (default 2)")
+    p.add_argument("--margin-gb", type=float, default=2.0, help="safety margin (default 2)")
+    p.add_argument("--gpu-gb", type=float, help="GPU memory: report the largest batch")
+    p.add_argument("--per-sample-gb", type=float, help="memory per sample (else from --layers ... if given)")
+    _arch_args(p, required=False)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=_llm)
+
+    p = sub.add_parser("transformer", help="GPT-style parameters and peak training memory (seed 003, rebuilt)")
+    _arch_args(p, required=True)
+    p.add_argument("--batch", type=int, required=True, help="batch size")
+    p.add_argument("--precision", default="fp32", help="fp32, mixed (bf16 autocast), bf16 or fp16")
+    p.add_argument("--optimizer", default="adamw", help=", ".join(est.OPTIMIZER_STATES))
+    p.add_argument("--untied", action="store_true", help="an lm_head not tied to the token embedding")
+    p.add_argument("--device", default="cuda", help="cuda (foreach optimizer) or cpu (per-tensor optimizer)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=_transformer)
+
+
+def _arch_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--layers", type=int, required=required, help="transformer blocks")
+    p.add_argument("--d-model", type=int, required=required, help="embedding width")
+    p.add_argument("--heads", type=int, required=required, help="attention heads")
+    p.add_argument("--vocab", type=int, required=required, help="vocabulary size")
+    p.add_argument("--positions", type=int, help="position embeddings (default: --seq-len)")
+    p.add_argument("--seq-len", type=int, required=required, help="sequence length")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--attention", default="sdpa", help="sdpa (flash/efficient) or naive (keeps s^2 scores)")
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _fail(args: argparse.Namespace, exc: Exception) -> int:
+    print("memd estimate %s: %s" % (args.estimator, exc), file=sys.stderr)
+    return 2
+
+
+def _emit(args: argparse.Namespace, data: dict, lines) -> int:
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+def _unified(args: argparse.Namespace) -> int:
+    try:
+        if args.discrete:
+            batch = est.discrete_initial_batch(args.memory_gb, args.resolution)
+            data = {"memory_model": "discrete", "memory_gb": args.memory_gb, "resolution": args.resolution,
+                    "batch_size": batch}
+            return _emit(args, data, ["discrete GPU, %g GB VRAM, %d px: initial batch %d (seed 000's rule)"
+                                      % (args.memory_gb, args.resolution, batch)])
+        r = est.unified(args.memory_gb, args.model, args.resolution, args.workers, args.ema, args.quantization,
+                        args.optimizer, args.full_finetune, args.dop, args.checkpointing, args.worker_gb,
+                        args.os_reserve_gb)
+    except est.EstimateError as exc:
+        return _fail(args, exc)
+    data = dict(asdict(r), memory_model="unified", memory_gb=args.memory_gb)
+    lines = ["unified memory %g GB, %s at %d px" % (args.memory_gb, r.model, r.resolution)]
+    for name, value in (("model weights", r.weights_gb), ("optimizer states", r.optimizer_gb), ("EMA", r.ema_gb),
+                        ("diff. output preservation", r.dop_gb), ("dataloader workers", r.workers_gb),
+                        ("OS reserve", r.os_reserve_gb)):
+        lines.append("  %-28s %8.1f GB" % (name, value))
+    lines += ["  %-28s %8.1f GB" % ("total reserved", r.reserved_gb),
+              "  %-28s %8.2f GB  ((%g - %g) x 0.9)" % ("available for batches", r.available_gb, args.memory_gb,
+                                                        r.reserved_gb),
+              "  %-28s %8.2f GB" % ("memory per sample", r.per_sample_gb),
+              "  %-28s %8d" % ("fitting batch", r.fitting_batch),
+              "batch size %d (start at %d)%s" % (r.batch_size, r.initial_batch_size,
+                                                 "" if r.fits else ": NOT ENOUGH MEMORY for one sample")]
+    return _emit(args, data, lines)
+
+
+def _accum(args: argparse.Namespace) -> int:
+    try:
+        if (args.gpu_gb is None) == (args.max_batch is None):
+            raise est.EstimateError("give exactly one of --gpu-gb and --max-batch")
+        limit = args.max_batch if args.max_batch is not None else est.seed_max_batch(
+            args.gpu_gb, args.images_per_sample, args.sample_gb)
+        r = est.accum(limit, args.target, args.min_batch)
+    except est.EstimateError as exc:
+        return _fail(args, exc)
+    data = asdict(r)
+    line = "largest batch %d -> batch %d x %d accumulation steps = effective %d" % (
+        r.max_batch, r.batch_size, r.grad_accum_steps, r.effective_batch_size)
+    return _emit(args, data, [line] + (["note: " + r.note] if r.note else []))
+
+
+def _llm(args: argparse.Namespace) -> int:
+    try:
+        per_sample = None if args.per_sample_gb is None else args.per_sample_gb * GB
+        if per_sample is None and args.layers is not None:
+            _, per_sample = est.transformer_line(args.layers, args.d_model, args.heads, args.vocab, args.seq_len,
+                                                 args.positions, args.precision, args.optimizer,
+                                                 args.checkpointing, args.attention)
+        r = est.llm(args.params, args.optimizer, args.precision, args.trainable, args.base_quantization,
+                    args.zero_stage, args.gpus, args.cuda_overhead_gb * GB, args.margin_gb * GB, per_sample,
+                    None if args.gpu_gb is None else args.gpu_gb * GB)
+    except (est.EstimateError, TypeError) as exc:
+        return _fail(args, exc)
+    data = asdict(r)
+    data["bytes_per_param"]["total"] = r.bytes_per_param.total
+    data.update({k.replace("_bytes", "_gb"): _gb(v) for k, v in asdict(r).items()
+                 if k.endswith("_bytes") and isinstance(v, int)})
+    bpp = r.bytes_per_param
+    lines = ["%s parameters (%s trainable), %s, %s; bytes per trainable parameter: weights %g + master %g + "
+             "gradients %g + optimizer %g = %g" % (_human(r.params), _human(r.trainable_params), args.optimizer,
+                                                    args.precision, bpp.weights, bpp.master, bpp.grads, bpp.states,
+                                                    bpp.total)]
+    if args.zero_stage:
+        lines.append("ZeRO stage %d across %d GPUs (per GPU below)" % (args.zero_stage, args.gpus))
+    for name, value in (("weights", r.weights_bytes), ("fp32 master weights", r.master_bytes),
+                        ("gradients", r.grads_bytes), ("optimizer states", r.optimizer_bytes),
+                        ("CUDA overhead", r.overhead_bytes), ("safety margin", r.margin_bytes),
+                        ("total fixed", r.fixed_bytes)):
+        lines.append("  %-22s %9.2f GB" % (name, value / GB))
+    if r.per_sample_bytes is not None:
+        lines.append("  %-22s %9.2f GB" % ("per sample", r.per_sample_bytes / GB))
+    if r.max_batch is not None:
+        lines.append("largest batch on %g GB: %d%s" % (args.gpu_gb, r.max_batch,
+                                                      "" if r.max_batch else " (the fixed memory alone does not fit)"))
+    return _emit(args, data, lines)
+
+
+def _transformer(args: argparse.Namespace) -> int:
+    kwargs = dict(layers=args.layers, d_model=args.d_model, heads=args.heads, vocab=args.vocab,
+                  positions=args.positions or args.seq_len, seq_len=args.seq_len, batch=args.batch,
+                  optimizer=args.optimizer, checkpointing=args.checkpointing, attention=args.attention,
+                  tied=not args.untied, device=args.device)
+    try:
+        chosen = est.transformer(precision=args.precision, **kwargs)
+        side = {p: est.transformer(precision=p, **kwargs) for p in ("fp32", "mixed")}
+    except est.EstimateError as exc:
+        return _fail(args, exc)
+    data = asdict(chosen)
+    data["peak_gb"] = _gb(chosen.peak_bytes)
+    data["by_precision"] = {p: asdict(r) for p, r in side.items()}
+    lines = ["%s parameters (%d layers, d_model %d, %d heads, vocab %d); batch %d x seq %d, %s" % (
+        _human(chosen.params), args.layers, args.d_model, args.heads, args.vocab, args.batch, args.seq_len,
+        args.optimizer), "  %-24s %10s %10s" % ("GB", "fp32", "mixed")]
+    for name in ("weights_bytes", "grads_bytes", "optimizer_bytes", "cast_bytes", "activation_bytes", "loss_bytes",
+                 "step_temp_bytes", "peak_bytes"):
+        lines.append("  %-24s %10.3f %10.3f" % (name[:-6].replace("_", " "), getattr(side["fp32"], name) / GB,
+                                                 getattr(side["mixed"], name) / GB))
+    lines.append("  %-24s %10s %10s" % ("peak at", side["fp32"].peak_phase, side["mixed"].peak_phase))
+    return _emit(args, data, lines)
+
+
+def _gb(value: Optional[int]) -> Optional[float]:
+    return None if value is None else round(value / GB, 6)
+
+
+def _human(n: float) -> str:
+    for div, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return "%.2f%s" % (n / div, suffix)
+    return str(int(n))

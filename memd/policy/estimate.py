@@ -1,0 +1,477 @@
+"""A-priori memory estimators: the seeds' calculators, done right (docs/policy.md, "Estimators").
+
+Pure functions of their arguments (no I/O, no torch). Units: the seed calculators (unified,
+accum) work in decimal GB as the seeds do; the LLM and transformer models work in bytes.
+- ``unified``: seed 000's unified-memory budget (architecture table, optimizer, EMA, DOP,
+  workers, OS reserve, per-sample memory ~ resolution^2, 10 % safety, caps per resolution).
+- ``seed_max_batch`` + ``accum``: seed 001's sizing with the divisor rule of ``split_batch``.
+- ``llm``: seed 002's fixed + per-sample model, with bytes per parameter that are right.
+- ``transformer``: seed 003's GPT-style estimate, rebuilt from the tensors a training step keeps.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+from memd.client.plan import split_batch
+from memd.policy.fit import Prior
+
+GB = 10 ** 9
+
+
+class EstimateError(ValueError):
+    """Bad input to an estimator; the message names the input."""
+
+
+# -- unified (seed 000) ------------------------------------------------------------------------
+
+ARCH_WEIGHTS_GB = {  # seed 000, "Model Weights" table
+    "sd1": 8, "sd2": 10, "sdxl": 14, "sd3": 16, "flux": 24, "flux-kontext": 24, "flex1": 20,
+    "flex2": 20, "chroma": 20, "lumina2": 22, "hidream": 24, "omnigen2": 24, "qwen-image": 28,
+}
+QUANTIZATION_DIVISOR = {"none": 1, "8bit": 2, "4bit": 4}  # 28 GB -> 14 (8-bit) or 7 (4-bit)
+UNIFIED_OPTIMIZER_FACTOR = {"adamw": 2.0, "lamb": 2.0, "adafactor": 0.5, "sgd": 0.0}  # x weights
+EMA_LORA_GB = 1.0  # a shadow copy of the LoRA weights; a full fine-tune copies all weights
+DOP_GB = 3.0  # differential output preservation
+WORKER_GB = 8.0  # per dataloader worker for large models (seed: ~4 GB for small ones)
+OS_RESERVE_GB = 8.0
+SAFETY = 0.10
+CHECKPOINT_SAVING = 0.30  # gradient checkpointing saves ~30 % of activation (= per-sample) memory
+# resolution upper bound -> (max initial batch, max batch): seed 000, "Safety Caps by Resolution"
+SAFETY_CAPS = ((512, 16, 32), (768, 8, 16), (1024, 4, 8), (1536, 4, 8), (math.inf, 2, 4))
+# resolution upper bound -> (cap, floor, GB per sample): seed 000, discrete GPU rule
+DISCRETE_RULE = ((512, 16, 4, 3), (768, 8, 2, 4), (1024, 4, 1, 6), (1536, 2, 1, 10), (math.inf, 2, 1, 12))
+
+
+@dataclass(frozen=True)
+class UnifiedEstimate:
+    model: str
+    resolution: int
+    weights_gb: float
+    optimizer_gb: float
+    ema_gb: float
+    dop_gb: float
+    workers_gb: float
+    os_reserve_gb: float
+    reserved_gb: float
+    available_gb: float  # (memory - reserved) x (1 - safety), never negative
+    per_sample_gb: float
+    fitting_batch: int  # floor(available / per_sample); 0 means not even one sample fits
+    batch_size: int  # the largest batch: fitting, at least 1, at most the resolution's cap
+    initial_batch_size: int  # what to start with: batch_size capped by the initial cap
+    fits: bool
+
+
+def per_sample_gb(resolution: int, checkpointing: bool = False) -> float:
+    """Seed 000: 4 GB per sample at 1024 px, growing with resolution squared."""
+    value = resolution * resolution / (1024 * 1024) * 4.0
+    return value * (1.0 - CHECKPOINT_SAVING) if checkpointing else value
+
+
+def safety_caps(resolution: int) -> Tuple[int, int]:
+    for bound, initial, maximum in SAFETY_CAPS:
+        if resolution <= bound:
+            return initial, maximum
+    raise AssertionError("unreachable")
+
+
+def unified(memory_gb: float, model: str, resolution: int, workers: int = 0, ema: bool = False,
+            quantization: str = "none", optimizer: str = "adamw", full_finetune: bool = False,
+            diff_output_preservation: bool = False, checkpointing: bool = False,
+            worker_gb: float = WORKER_GB, os_reserve_gb: float = OS_RESERVE_GB) -> UnifiedEstimate:
+    """Seed 000's unified-memory budget; reproduces its worked examples exactly.
+
+    Everything (weights, optimizer states, EMA, workers, the OS) draws on one pool, so each is
+    reserved before any batch memory; 10 % of the rest is kept back for spikes.
+    """
+    _positive("memory_gb", memory_gb)
+    _positive("resolution", resolution)
+    _non_negative("workers", workers)
+    _non_negative("worker_gb", worker_gb)
+    _non_negative("os_reserve_gb", os_reserve_gb)
+    weights = _choice("model", model, ARCH_WEIGHTS_GB) / _choice("quantization", quantization, QUANTIZATION_DIVISOR)
+    optim = _choice("optimizer", optimizer, UNIFIED_OPTIMIZER_FACTOR) * weights
+    ema_gb = (weights if full_finetune else EMA_LORA_GB) if ema else 0.0
+    dop = DOP_GB if diff_output_preservation else 0.0
+    workers_gb = workers * worker_gb
+    reserved = weights + optim + ema_gb + dop + workers_gb + os_reserve_gb
+    available = max(0.0, (memory_gb - reserved) * (1.0 - SAFETY))
+    sample = per_sample_gb(resolution, checkpointing)
+    fitting = int(math.floor(available / sample + 1e-9))
+    initial_cap, max_cap = safety_caps(resolution)
+    batch = min(max_cap, max(1, fitting))
+    return UnifiedEstimate(model, int(resolution), _r(weights), _r(optim), _r(ema_gb), _r(dop), _r(workers_gb),
+                           _r(os_reserve_gb), _r(reserved), _r(available), _r(sample), fitting, batch,
+                           min(batch, initial_cap), fitting >= 1)
+
+
+def discrete_initial_batch(vram_gb: float, resolution: int) -> int:
+    """Seed 000's rule for a discrete GPU: min(cap, max(floor, floor(vram / GB per sample)))."""
+    _positive("vram_gb", vram_gb)
+    _positive("resolution", resolution)
+    for bound, cap, low, per in DISCRETE_RULE:
+        if resolution <= bound:
+            return min(cap, max(low, int(vram_gb // per)))
+    raise AssertionError("unreachable")
+
+
+# -- accum (seed 001) --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AccumEstimate:
+    max_batch: int
+    target: Optional[int]
+    batch_size: int
+    grad_accum_steps: int
+    effective_batch_size: int
+    note: str  # empty unless the effective batch differs from the target
+
+
+def seed_max_batch(gpu_gb: float, images_per_sample: int = 1, base_sample_gb: float = 0.8,
+                   reserve: float = 0.2, extra_image_factor: float = 0.7) -> int:
+    """Seed 001's sizing: 80 % of the GPU, 0.8 GB per one-image sample, +70 % per extra image."""
+    _positive("gpu_gb", gpu_gb)
+    _positive("images_per_sample", images_per_sample)
+    _positive("base_sample_gb", base_sample_gb)
+    if not 0 <= reserve < 1:
+        raise EstimateError("reserve must be in [0, 1): %r" % (reserve,))
+    sample = base_sample_gb * (1.0 + (images_per_sample - 1) * extra_image_factor)
+    return max(1, int(math.floor(gpu_gb * (1.0 - reserve) / sample + 1e-9)))
+
+
+def accum(max_batch: int, target: Optional[int] = None, min_batch: int = 1) -> AccumEstimate:
+    """Batch and accumulation steps for a target effective batch, by ``split_batch``'s rule.
+
+    Seed 001 used ``target // batch`` steps, which silently changes the effective batch (its
+    own code gives 24 x 1 = 24 for target 16); a divisor of the target keeps it exact.
+    """
+    _positive("max_batch", max_batch)
+    _positive("min_batch", min_batch)
+    if target is not None:
+        _positive("target", target)
+    batch, steps, note = split_batch(int(max_batch), int(target) if target else None, int(min_batch))
+    return AccumEstimate(int(max_batch), target, batch, steps, batch * steps, note)
+
+
+# -- llm (seed 002, corrected) -----------------------------------------------------------------
+
+OPTIMIZER_STATES = {"sgd": 0, "sgd-momentum": 1, "adafactor": 0, "adamw": 2, "adamw-8bit": 2, "lamb": 2}
+OPTIMIZER_ALIASES = {"adam": "adamw", "momentum": "sgd-momentum", "adamw8bit": "adamw-8bit", "adam8bit": "adamw-8bit"}
+PRECISIONS = ("fp32", "mixed", "bf16", "fp16")
+QUANTIZED_BASE_BYTES = {"none": None, "8bit": 1.0, "4bit": 0.5}  # frozen LoRA base (QLoRA)
+
+
+@dataclass(frozen=True)
+class ParamBytes:
+    """Bytes per trainable parameter (ZeRO paper's accounting, Rajbhandari et al. 2020)."""
+    weights: float  # the working copy the forward pass reads
+    master: float  # fp32 master copy kept by mixed precision (an optimizer state to ZeRO)
+    grads: float
+    states: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.master + self.grads + self.states
+
+
+def optimizer_name(name: str) -> str:
+    key = str(name).lower().replace("_", "-")
+    key = OPTIMIZER_ALIASES.get(key, key)
+    if key not in OPTIMIZER_STATES:
+        raise EstimateError("unknown optimizer %r (one of %s)" % (name, ", ".join(OPTIMIZER_STATES)))
+    return key
+
+
+def precision_name(name: str) -> str:
+    key = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "amp": "mixed"}.get(str(name).lower(), str(name).lower())
+    if key not in PRECISIONS:
+        raise EstimateError("unknown precision %r (one of %s)" % (name, ", ".join(PRECISIONS)))
+    return key
+
+
+def bytes_per_param(optimizer: str, precision: str) -> ParamBytes:
+    """fp32: 4 + 4 + 4/state. mixed (bf16/fp16 compute, fp32 master): 2 + 4 + 2 + 4/state
+    (16 for Adam, as torch autocast's 4 + 4 + 8). Pure bf16/fp16: 2 + 2 + 2/state (torch keeps
+    states in the parameter dtype). 8-bit AdamW: 1 byte per state in every regime. Adafactor's
+    factored second moment is O(rows + cols) per matrix, ~0 per parameter (not seed 002's 0.5x).
+    """
+    opt, prec = optimizer_name(optimizer), precision_name(precision)
+    states = OPTIMIZER_STATES[opt]
+    per_state = 1.0 if opt == "adamw-8bit" else (4.0 if prec in ("fp32", "mixed") else 2.0)
+    if prec == "fp32":
+        return ParamBytes(4.0, 0.0, 4.0, states * per_state)
+    if prec == "mixed":
+        return ParamBytes(2.0, 4.0, 2.0, states * per_state)
+    return ParamBytes(2.0, 0.0, 2.0, states * per_state)
+
+
+@dataclass(frozen=True)
+class LlmEstimate:
+    params: int
+    trainable_params: int
+    bytes_per_param: ParamBytes  # per trainable parameter, before ZeRO partitioning
+    weights_bytes: int  # per GPU, frozen and trainable
+    master_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    overhead_bytes: int  # CUDA context, kernels, workspace
+    margin_bytes: int
+    fixed_bytes: int  # everything above: memory before the first sample
+    per_sample_bytes: Optional[int]
+    gpu_bytes: Optional[int]
+    max_batch: Optional[int]  # None without a GPU size or per-sample memory; 0: nothing fits
+
+
+def llm(params: float, optimizer: str = "adamw", precision: str = "mixed", trainable_params: Optional[float] = None,
+        base_quantization: str = "none", zero_stage: int = 0, gpus: int = 1, overhead_bytes: float = 2 * GB,
+        margin_bytes: float = 2 * GB, per_sample_bytes: Optional[float] = None,
+        gpu_bytes: Optional[float] = None) -> LlmEstimate:
+    """Seed 002's fixed + per-sample model per GPU, with ZeRO stage 1 (optimizer states and
+    master weights), 2 (+ gradients) and 3 (+ weights) partitioned across ``gpus``, and LoRA:
+    only ``trainable_params`` carry gradients and optimizer states; the frozen base holds
+    weights only (2 bytes, or 1 / 0.5 when quantized to 8 / 4 bits)."""
+    _positive("params", params)
+    _positive("gpus", gpus)
+    if zero_stage not in (0, 1, 2, 3):
+        raise EstimateError("zero stage must be 0, 1, 2 or 3: %r" % (zero_stage,))
+    trainable = params if trainable_params is None else trainable_params
+    _positive("trainable_params", trainable)
+    per = bytes_per_param(optimizer, precision)
+    base = _choice("base quantization", base_quantization, QUANTIZED_BASE_BYTES)
+    frozen = 0.0 if trainable_params is None else params
+    frozen_bytes = frozen * (base if base is not None else (4.0 if precision_name(precision) == "fp32" else 2.0))
+    n = float(gpus)
+    weights = (trainable * per.weights + frozen_bytes) / (n if zero_stage >= 3 else 1)
+    master = trainable * per.master / (n if zero_stage >= 1 else 1)
+    states = trainable * per.states / (n if zero_stage >= 1 else 1)
+    grads = trainable * per.grads / (n if zero_stage >= 2 else 1)
+    _non_negative("overhead", overhead_bytes)
+    _non_negative("margin", margin_bytes)
+    fixed = weights + master + grads + states + overhead_bytes + margin_bytes
+    max_batch = None
+    if per_sample_bytes is not None:
+        _positive("per_sample", per_sample_bytes)
+    if gpu_bytes is not None:
+        _positive("gpu memory", gpu_bytes)
+        if per_sample_bytes is not None:
+            max_batch = max(0, int(math.floor((gpu_bytes - fixed) / per_sample_bytes + 1e-9)))
+    return LlmEstimate(int(params), int(trainable), per, int(weights), int(master), int(grads), int(states),
+                       int(overhead_bytes), int(margin_bytes), int(fixed),
+                       None if per_sample_bytes is None else int(per_sample_bytes),
+                       None if gpu_bytes is None else int(gpu_bytes), max_batch)
+
+
+# -- transformer (seed 003, rebuilt) ----------------------------------------------------------
+
+ATTENTIONS = ("sdpa", "naive")
+DEVICES = ("cpu", "cuda")
+
+
+def gpt2_params(layers: int, d_model: int, vocab: int, positions: int, tied: bool = True) -> int:
+    """Exact parameter count of a GPT-2-style model (equal to torch's numel): token and position
+    embeddings, per block two LayerNorms (2h each), qkv (3h^2 + 3h), attention projection
+    (h^2 + h), MLP (4h^2 + 4h and 4h^2 + h) = 12h^2 + 13h, a final LayerNorm, and an lm_head
+    tied to the token embedding (or an untied V x h matrix without bias)."""
+    h = d_model
+    return vocab * h + positions * h + layers * (12 * h * h + 13 * h) + 2 * h + (0 if tied else vocab * h)
+
+
+@dataclass(frozen=True)
+class TransformerEstimate:
+    params: int
+    precision: str
+    weights_bytes: int  # parameters (fp32 under autocast, which keeps fp32 parameters)
+    grads_bytes: int
+    optimizer_bytes: int
+    cast_bytes: int  # autocast's 16-bit copies of the matmul weights, held for backward
+    activation_bytes: int  # saved for backward at the end of the forward pass
+    loss_bytes: int  # logits, log-softmax and their gradients at the start of backward
+    step_temp_bytes: int  # the optimizer step's temporaries
+    peak_bytes: int
+    peak_phase: str  # "backward start", "backward", "backward end" or "optimizer step"
+
+    @property
+    def fixed_bytes(self) -> int:
+        return self.weights_bytes + self.optimizer_bytes
+
+
+def transformer(layers: int, d_model: int, heads: int, vocab: int, positions: int, seq_len: int, batch: int,
+                precision: str = "fp32", optimizer: str = "adamw", checkpointing: bool = False,
+                attention: str = "sdpa", tied: bool = True, device: str = "cpu") -> TransformerEstimate:
+    """Peak memory of one training step of a GPT-2-style model (from step 2 on: the optimizer
+    states exist, gradients are set to None between steps, the caller holds the logits).
+
+    Activations are counted tensor by tensor as autograd saves them (Korthikanti et al. 2022,
+    "Reducing Activation Recomputation", without dropout): per layer 17 b*s*h elements (LN
+    inputs, qkv, attention output and its contiguous copy, MLP 4h input and GELU output), plus
+    a*s^2*b for attention that materialises its scores (``naive``; SDPA/flash keeps a
+    log-sum-exp instead). The peak is the largest of: the start of backward (all activations +
+    4 b*s*V of logits, log-softmax and gradients, which dominates for large vocabularies), any
+    layer's backward (activations still held + gradients made so far), and the optimizer step
+    (all gradients + temporaries: per tensor on CPU, one full copy with CUDA's foreach kernels).
+    """
+    for name, value in (("layers", layers), ("d_model", d_model), ("heads", heads), ("vocab", vocab),
+                        ("positions", positions), ("seq_len", seq_len), ("batch", batch)):
+        _positive(name, value)
+    if d_model % heads:
+        raise EstimateError("d_model %d is not divisible by heads %d" % (d_model, heads))
+    if seq_len > positions:
+        raise EstimateError("seq_len %d exceeds positions %d" % (seq_len, positions))
+    prec, opt = precision_name(precision), optimizer_name(optimizer)
+    _choice("attention", attention, dict.fromkeys(ATTENTIONS))
+    _choice("device", device, dict.fromkeys(DEVICES))
+    L, h, a, V, s, b = int(layers), int(d_model), int(heads), int(vocab), int(seq_len), int(batch)
+    P = gpt2_params(L, h, V, int(positions), tied)
+    wb = 2 if prec in ("bf16", "fp16") else 4  # parameter bytes: autocast keeps fp32 parameters
+    act = 4 if prec == "fp32" else 2  # bytes of matmul outputs
+    res = 4 if prec in ("fp32", "mixed") else 2  # the residual stream (fp32 + bf16 stays fp32)
+    state = bytes_per_param(opt, "bf16" if wb == 2 else "fp32").states
+    W, G, S = P * wb, P * wb, int(P * state)
+    matmul_params = L * (12 * h * h + 9 * h) + V * h
+    cast = 2 * matmul_params if prec == "mixed" else 0
+
+    bsh, bs = b * s * h, b * s
+    ln_stats = 2 * 4 * bs  # mean and rstd, fp32
+    layer = 2 * res * bsh + 15 * act * bsh + 2 * ln_stats  # saved by one block
+    layer += (a * s * s * b * (6 if prec == "mixed" else act)) if attention == "naive" else 4 * a * bs
+    boundary = res * bsh  # what checkpointing keeps per block: its input
+    saved = boundary if checkpointing else layer
+    head = res * bsh + act * bsh + ln_stats  # ln_f input, its (cast) output saved by lm_head
+    inputs = 2 * 8 * bs  # token ids and targets (int64)
+    logit = act * b * s * V  # held by the caller through the step
+    lsm = 2 if prec in ("bf16", "fp16") else 4  # log-softmax runs in fp32 unless all is 16-bit
+    loss_peak = logit + 3 * lsm * b * s * V  # logits, log-softmax, its gradient, grad of logits
+    activations = inputs + L * saved + head
+    grad_layer = (12 * h * h + 13 * h) * wb
+    grad_head = V * h * wb + 2 * h * wb  # tied wte (from lm_head) and ln_f
+    moments = [("backward start", W + S + cast + activations + loss_peak)]
+    # lm_head's backward: its weight gradient while the gradient of the logits still exists
+    moments.append(("backward", W + S + cast + activations + logit + lsm * b * s * V + grad_head + 4 * bsh))
+    transient = 9 * 4 * bsh  # gradients inside one block's backward (MLP: 4h + 4h + h)
+    for k in range(L - 1, -1, -1):  # during layer k's backward
+        held = inputs + k * saved + layer  # layers below k, and layer k (recomputed if checkpointed)
+        moments.append(("backward", W + S + logit + held + grad_head + (L - k) * grad_layer + transient))
+    wpe_grad = int(positions) * h * wb
+    moments.append(("backward end", W + S + logit + inputs + G + V * h * wb + wpe_grad))  # dense embedding grad
+    largest = max(V * h, int(positions) * h, 4 * h * h) * 4
+    step_temp = 0 if S == 0 else (P * 4 if device == "cuda" else 2 * largest)
+    moments.append(("optimizer step", W + S + G + logit + step_temp))
+    phase, peak = max(moments, key=lambda m: m[1])
+    return TransformerEstimate(P, prec, W, G, S, cast, activations, loss_peak, step_temp, int(peak), phase)
+
+
+# -- hints -> Prior ----------------------------------------------------------------------------
+
+ARCH_KEYS = ("layers", "d_model", "heads", "vocab", "seq_len")
+
+
+def prior_from_hints(hints: Any) -> Optional[Prior]:
+    """A job's a-priori memory line, fixed + per_sample x batch, from its hints; None when the
+    hints say nothing usable (invalid hints are ignored, never an error: the job still runs).
+
+    Accepted, first match wins (docs/policy.md lists the keys):
+    - {"fixed_bytes", "per_sample_bytes"}: the caller's own line;
+    - a GPT-style architecture {"layers", "d_model", "heads", "vocab", "seq_len"} with optional
+      "positions", "precision" (or "dtype"), "optimizer", "checkpointing", "attention",
+      "device": fixed = weights + gradients + optimizer states, per_sample = the transformer
+      estimate's growth per sample (an upper bound on its convex peak);
+    - an LLM {"params"} with optional "optimizer", "precision", "trainable_params",
+      "zero_stage", "gpus" and "per_sample_bytes" (else from the architecture keys).
+    """
+    if not isinstance(hints, Mapping):
+        return None
+    try:
+        fixed, per_sample = hints.get("fixed_bytes"), hints.get("per_sample_bytes")
+        if "params" not in hints and fixed is not None and per_sample is not None:
+            _non_negative("fixed_bytes", fixed)
+            _positive("per_sample_bytes", per_sample)
+            return Prior(int(fixed), int(per_sample), "hints")
+        if "params" in hints:
+            return _llm_prior(hints)
+        if all(key in hints for key in ARCH_KEYS):
+            est, per = _arch_line(hints)
+            return Prior(int(est.weights_bytes + est.grads_bytes + est.optimizer_bytes + est.step_temp_bytes),
+                         int(per), "transformer")
+    except (EstimateError, TypeError, ValueError, OverflowError):
+        return None
+    return None
+
+
+def _arch_line(hints: Mapping[str, Any]) -> Tuple[TransformerEstimate, float]:
+    kwargs = {key: _int_hint(hints, key) for key in ARCH_KEYS}
+    if "positions" in hints:
+        kwargs["positions"] = _int_hint(hints, "positions")
+    kwargs["precision"] = str(hints.get("precision", hints.get("dtype", "fp32")))
+    for key in ("optimizer", "attention", "device"):
+        if key in hints:
+            kwargs[key] = str(hints[key])
+    kwargs["checkpointing"] = hints.get("checkpointing") is True
+    return transformer_line(**kwargs)
+
+
+def transformer_line(layers: int, d_model: int, heads: int, vocab: int, seq_len: int, positions: Optional[int] = None,
+                     precision: str = "fp32", optimizer: str = "adamw", checkpointing: bool = False,
+                     attention: str = "sdpa", device: str = "cuda") -> Tuple[TransformerEstimate, float]:
+    """(estimate at batch 1, bytes per sample) such that fixed + per_sample x b bounds the peak
+    from above: the peak is a maximum of lines in the batch, so it is convex."""
+    kwargs = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, seq_len=seq_len,
+                  positions=positions or seq_len, precision=precision, optimizer=optimizer,
+                  checkpointing=checkpointing, attention=attention, device=device)
+    one, two = transformer(batch=1, **kwargs), transformer(batch=2, **kwargs)
+    batch_free = one.weights_bytes + one.grads_bytes + one.optimizer_bytes + one.step_temp_bytes
+    return one, max(two.peak_bytes - one.peak_bytes, one.peak_bytes - batch_free, 1)
+
+
+def _llm_prior(hints: Mapping[str, Any]) -> Prior:
+    kwargs = {"params": _number("params", hints["params"])}
+    for key in ("optimizer", "precision"):
+        if key in hints:
+            kwargs[key] = str(hints[key])
+    if "trainable_params" in hints:
+        kwargs["trainable_params"] = _number("trainable_params", hints["trainable_params"])
+    for key in ("zero_stage", "gpus"):
+        if key in hints:
+            kwargs[key] = _int_hint(hints, key)
+    est = llm(overhead_bytes=0, margin_bytes=0, **kwargs)
+    per_sample = hints.get("per_sample_bytes")
+    if per_sample is None and all(key in hints for key in ARCH_KEYS):
+        per_sample = _arch_line(hints)[1]
+    _positive("per_sample_bytes", per_sample)
+    return Prior(int(est.fixed_bytes), int(per_sample), "llm")
+
+
+def _int_hint(hints: Mapping[str, Any], key: str) -> int:
+    value = hints.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EstimateError("%s must be an integer: %r" % (key, value))
+    return value
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _r(value: float) -> float:
+    return round(value, 6)
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise EstimateError("%s must be a number: %r" % (name, value))
+    return float(value)
+
+
+def _positive(name: str, value: Any) -> None:
+    if _number(name, value) <= 0:
+        raise EstimateError("%s must be positive: %r" % (name, value))
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if _number(name, value) < 0:
+        raise EstimateError("%s must not be negative: %r" % (name, value))
+
+
+def _choice(name: str, value: Any, table: Mapping[str, Any]) -> Any:
+    key = str(value).lower().replace("_", "-").replace(" ", "-")
+    if key not in table:
+        raise EstimateError("unknown %s %r (one of %s)" % (name, value, ", ".join(table)))
+    return table[key]

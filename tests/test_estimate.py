@@ -1,0 +1,246 @@
+"""The a-priori estimators: seed examples exactly, hand arithmetic, the real CLI's contract."""
+import json
+
+import pytest
+
+from memd.planner import prior_from_hints as planner_prior
+from memd.policy import estimate as est
+from realdaemon import run_memd
+
+GB = 10 ** 9
+
+
+# -- unified (seed 000) ------------------------------------------------------------------------
+
+def test_unified_reproduces_seed_000_worked_example():
+    r = est.unified(120, "qwen-image", 2048, workers=2, ema=True)
+    assert (r.weights_gb, r.optimizer_gb, r.ema_gb, r.workers_gb, r.os_reserve_gb) == (28, 56, 1, 16, 8)
+    assert r.reserved_gb == 109 and r.available_gb == 9.9 and r.per_sample_gb == 16.0
+    assert r.fitting_batch == 0 and r.batch_size == 1 and not r.fits
+
+
+def test_unified_quantized_example():
+    r = est.unified(120, "Qwen Image", 2048, workers=0, ema=True, quantization="8bit")
+    assert (r.weights_gb, r.optimizer_gb, r.reserved_gb, r.available_gb) == (14, 28, 51, 62.1)
+    assert r.batch_size == 3 and r.initial_batch_size == 2 and r.fits  # the >1536 px caps: start 2, max 4
+
+
+def test_unified_per_sample_grows_with_resolution_squared_and_caps_apply():
+    assert [est.per_sample_gb(r) for r in (512, 768, 1024, 1536, 2048)] == [1.0, 2.25, 4.0, 9.0, 16.0]
+    assert est.per_sample_gb(1024, checkpointing=True) == pytest.approx(2.8)
+    r = est.unified(512, "sd1", 512)  # plenty of memory: the caps decide
+    assert (r.batch_size, r.initial_batch_size) == (32, 16)
+    assert est.unified(120, "flux", 1024, ema=True, full_finetune=True).ema_gb == 24
+    assert est.unified(120, "flux", 1024, diff_output_preservation=True, quantization="4bit").reserved_gb == 6 + 12 + 3 + 8
+
+
+def test_discrete_initial_batch_rule():
+    assert est.discrete_initial_batch(24, 512) == 8
+    assert est.discrete_initial_batch(80, 512) == 16
+    assert est.discrete_initial_batch(8, 768) == 2
+    assert est.discrete_initial_batch(24, 1024) == 4
+    assert est.discrete_initial_batch(8, 2048) == 1
+
+
+def test_unified_rejects_bad_input():
+    for kwargs in ({"memory_gb": -1}, {"model": "nope"}, {"quantization": "3bit"}, {"workers": -2}):
+        args = dict(memory_gb=120, model="flux", resolution=1024)
+        args.update(kwargs)
+        with pytest.raises(est.EstimateError):
+            est.unified(**args)
+
+
+# -- accum (seed 001) --------------------------------------------------------------------------
+
+def test_seed_001_sizing_and_divisor_rule():
+    assert est.seed_max_batch(24, 2) == 14  # 19.2 GB / (0.8 x 1.7) GB
+    r = est.accum(est.seed_max_batch(24, 2), 16)
+    assert (r.batch_size, r.grad_accum_steps, r.effective_batch_size, r.note) == (8, 2, 16, "")
+    r = est.accum(est.seed_max_batch(24, 1), 16)  # seed 001's code says 24 x 1 = 24: not the target
+    assert (r.batch_size, r.grad_accum_steps, r.effective_batch_size) == (16, 1, 16)
+
+
+def test_accum_says_when_the_target_cannot_be_kept():
+    r = est.accum(5, 16, min_batch=5)
+    assert r.effective_batch_size != 16 and "no divisor" in r.note
+    assert est.accum(12).grad_accum_steps == 1
+
+
+# -- llm (seed 002, corrected) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer,precision,total", [
+    ("adamw", "fp32", 16), ("adamw", "mixed", 16), ("adamw", "bf16", 8), ("sgd", "fp32", 8),
+    ("sgd-momentum", "fp32", 12), ("sgd-momentum", "bf16", 6), ("adafactor", "mixed", 8), ("adamw-8bit", "mixed", 10),
+    ("adamw-8bit", "bf16", 6), ("lamb", "mixed", 16), ("adam", "fp16", 8),
+])
+def test_bytes_per_param_table(optimizer, precision, total):
+    assert est.bytes_per_param(optimizer, precision).total == total
+
+
+def test_llm_seed_002_example_corrected():
+    params = 8.03e9
+    pure = est.llm(params, "adamw", "bf16", per_sample_bytes=GB, gpu_bytes=80 * GB)
+    assert pure.weights_bytes == pure.grads_bytes == int(params * 2)  # 16.06 GB, not the seed's 14
+    assert pure.optimizer_bytes == int(params * 4)
+    assert pure.fixed_bytes == pytest.approx(params * 8 + 4 * GB, rel=1e-9)
+    assert pure.max_batch == int((80 * GB - pure.fixed_bytes) // GB) == 11
+    mixed = est.llm(params, per_sample_bytes=GB, gpu_bytes=80 * GB)  # fp32 master + fp32 Adam states
+    assert mixed.fixed_bytes == pytest.approx(params * 16 + 4 * GB, rel=1e-9) and mixed.max_batch == 0
+
+
+def test_llm_zero_stages_partition_in_order():
+    params, n = 8e9, 8
+    by_stage = [est.llm(params, zero_stage=z, gpus=n, overhead_bytes=0, margin_bytes=0) for z in range(4)]
+    assert by_stage[0].fixed_bytes == params * 16
+    assert by_stage[1].fixed_bytes == pytest.approx(params * (2 + 2 + 12 / n))
+    assert by_stage[2].fixed_bytes == pytest.approx(params * (2 + 14 / n))
+    assert by_stage[3].fixed_bytes == pytest.approx(params * 16 / n)
+
+
+def test_llm_lora_trains_only_adapters():
+    r = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, overhead_bytes=0, margin_bytes=0)
+    assert r.fixed_bytes == pytest.approx(7e9 * 2 + 20e6 * 16)
+    q = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, base_quantization="4bit", overhead_bytes=0, margin_bytes=0)
+    assert q.fixed_bytes == pytest.approx(7e9 * 0.5 + 20e6 * 16)
+
+
+def test_llm_rejects_unknown_names():
+    with pytest.raises(est.EstimateError):
+        est.llm(1e9, optimizer="rmsprop")
+    with pytest.raises(est.EstimateError):
+        est.llm(1e9, precision="fp8")
+    with pytest.raises(est.EstimateError):
+        est.llm(1e9, zero_stage=4)
+
+
+# -- transformer (seed 003) --------------------------------------------------------------------
+
+def test_gpt2_parameter_count():
+    assert est.gpt2_params(12, 768, 50257, 1024) == 124_439_808  # GPT-2 small, as published
+    L, h, V, P = 6, 384, 50257, 512
+    assert est.gpt2_params(L, h, V, P) == V * h + P * h + L * (12 * h * h + 13 * h) + 2 * h == 30_142_848
+    assert est.gpt2_params(L, h, V, P, tied=False) - est.gpt2_params(L, h, V, P) == V * h
+
+
+def test_gpt2_parameter_count_equals_torch_numel():
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    def block(h):
+        return nn.ModuleList([nn.LayerNorm(h), nn.Linear(h, 3 * h), nn.Linear(h, h), nn.LayerNorm(h),
+                              nn.Linear(h, 4 * h), nn.Linear(4 * h, h)])
+
+    for L, h, V, P in ((2, 64, 1000, 128), (4, 96, 5003, 256)):
+        wte = nn.Embedding(V, h)
+        head = nn.Linear(h, V, bias=False)
+        head.weight = wte.weight
+        model = nn.ModuleList([wte, nn.Embedding(P, h), nn.ModuleList(block(h) for _ in range(L)), nn.LayerNorm(h), head])
+        assert sum(p.numel() for p in model.parameters()) == est.gpt2_params(L, h, V, P)
+
+
+def test_transformer_peak_parts_and_precisions():
+    fp32 = est.transformer(12, 768, 12, 50257, 1024, 1024, 8)
+    mixed = est.transformer(12, 768, 12, 50257, 1024, 1024, 8, precision="mixed")
+    assert fp32.weights_bytes == 124_439_808 * 4 and fp32.optimizer_bytes == 2 * fp32.weights_bytes
+    assert fp32.peak_phase == "backward start"
+    assert fp32.peak_bytes == fp32.weights_bytes + fp32.optimizer_bytes + fp32.activation_bytes + fp32.loss_bytes
+    assert mixed.activation_bytes < fp32.activation_bytes and mixed.peak_bytes < fp32.peak_bytes
+    ckpt = est.transformer(12, 768, 12, 50257, 1024, 1024, 8, checkpointing=True)
+    naive = est.transformer(12, 768, 12, 50257, 1024, 1024, 8, attention="naive")
+    assert ckpt.activation_bytes < fp32.activation_bytes < naive.activation_bytes
+    tiny = est.transformer(12, 768, 12, 50257, 1024, 8, 1)  # little activation: gradients and the step dominate
+    assert tiny.peak_phase in ("backward end", "optimizer step")
+    with pytest.raises(est.EstimateError):
+        est.transformer(12, 768, 5, 50257, 1024, 1024, 8)  # 768 is not divisible by 5
+
+
+# -- hints -> Prior ----------------------------------------------------------------------------
+
+ARCH = {"layers": 12, "d_model": 768, "heads": 12, "vocab": 50257, "positions": 1024, "seq_len": 1024}
+
+
+def test_prior_from_explicit_line():
+    prior = est.prior_from_hints({"fixed_bytes": 2 * GB, "per_sample_bytes": 0.5 * GB})
+    assert (prior.fixed_bytes, prior.per_sample_bytes, prior.source) == (2 * GB, GB // 2, "hints")
+    assert planner_prior({"fixed_bytes": 2 * GB, "per_sample_bytes": GB}) == est.prior_from_hints(
+        {"fixed_bytes": 2 * GB, "per_sample_bytes": GB})
+
+
+def test_prior_from_architecture_bounds_the_estimate_from_above():
+    prior = est.prior_from_hints(dict(ARCH, precision="fp32"))
+    assert prior.source == "transformer"
+    for batch in (1, 2, 8, 32):
+        peak = est.transformer(batch=batch, device="cuda", **ARCH).peak_bytes
+        assert peak <= prior.fixed_bytes + prior.per_sample_bytes * batch <= 1.2 * peak + prior.fixed_bytes
+    assert est.prior_from_hints(dict(ARCH, dtype="bf16")).fixed_bytes < prior.fixed_bytes
+
+
+def test_prior_from_llm_hints():
+    prior = est.prior_from_hints({"params": 8.03e9, "optimizer": "adamw", "precision": "bf16", "per_sample_bytes": GB})
+    assert prior.source == "llm" and prior.fixed_bytes == pytest.approx(8.03e9 * 8) and prior.per_sample_bytes == GB
+    assert est.prior_from_hints(dict(ARCH, params=124_439_808)).per_sample_bytes > 0  # per sample from the architecture
+
+
+@pytest.mark.parametrize("hints", [
+    None, [], {}, {"fixed_bytes": -1, "per_sample_bytes": 1}, {"fixed_bytes": 1, "per_sample_bytes": 0},
+    {"fixed_bytes": True, "per_sample_bytes": 1}, {"fixed_bytes": "1", "per_sample_bytes": 1},
+    {"params": 1e9}, {"params": 1e9, "optimizer": "rmsprop", "per_sample_bytes": 1}, {"params": "big"},
+    dict(ARCH, layers=1.5), dict(ARCH, heads=7), dict(ARCH, precision="fp8"), dict(ARCH, seq_len=None),
+    {"fixed_bytes": float("nan"), "per_sample_bytes": 1}, {"params": float("inf"), "per_sample_bytes": 1},
+])
+def test_invalid_hints_give_no_prior(hints):
+    assert est.prior_from_hints(hints) is None
+    if isinstance(hints, dict):
+        assert planner_prior(hints) is None
+
+
+# -- the command line --------------------------------------------------------------------------
+
+def _json(args):
+    out = run_memd(["estimate"] + args + ["--json"])
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_cli_unified_examples():
+    base = ["unified", "--memory-gb", "120", "--model", "qwen-image", "--resolution", "2048"]
+    data = _json(base + ["--workers", "2", "--ema"])
+    assert (data["batch_size"], data["reserved_gb"], data["available_gb"], data["per_sample_gb"]) == (1, 109, 9.9, 16)
+    data = _json(base + ["--workers", "0", "--ema", "--quantization", "8bit"])
+    assert (data["batch_size"], data["reserved_gb"], data["available_gb"], data["per_sample_gb"]) == (3, 51, 62.1, 16)
+    human = run_memd(["estimate"] + base + ["--workers", "2", "--ema"])
+    assert human.returncode == 0 and "109.0" in human.stdout and "9.90" in human.stdout
+
+
+def test_cli_accum_examples():
+    for args in (["--gpu-gb", "24", "--images-per-sample", "2", "--target", "16"], ["--max-batch", "14", "--target", "16"]):
+        data = _json(["accum"] + args)
+        assert (data["batch_size"], data["grad_accum_steps"], data["effective_batch_size"]) == (8, 2, 16)
+    data = _json(["accum", "--max-batch", "5", "--target", "16", "--min-batch", "5"])
+    assert data["effective_batch_size"] != 16 and data["note"]
+
+
+def test_cli_transformer_and_llm():
+    data = _json(["transformer", "--layers", "12", "--d-model", "768", "--heads", "12", "--vocab", "50257",
+                  "--positions", "1024", "--seq-len", "1024", "--batch", "8"])
+    assert data["params"] == 124_439_808
+    assert data["peak_bytes"] == est.transformer(12, 768, 12, 50257, 1024, 1024, 8, device="cuda").peak_bytes
+    assert set(data["by_precision"]) == {"fp32", "mixed"}
+    data = _json(["llm", "--params", "8.03B", "--precision", "bf16", "--per-sample-gb", "1", "--gpu-gb", "80"])
+    assert data["max_batch"] == 11 and data["fixed_gb"] == pytest.approx(68.24)
+
+
+@pytest.mark.parametrize("args", [
+    ["unified", "--memory-gb", "-5", "--model", "flux", "--resolution", "1024"],
+    ["unified", "--memory-gb", "120", "--model", "stable-cascade", "--resolution", "1024"],
+    ["unified", "--memory-gb", "lots", "--model", "flux", "--resolution", "1024"],
+    ["accum", "--gpu-gb", "-24", "--target", "16"],
+    ["accum", "--target", "16"],
+    ["llm", "--params", "8B", "--optimizer", "rmsprop"],
+    ["llm", "--params", "eight"],
+    ["transformer", "--layers", "2", "--d-model", "100", "--heads", "3", "--vocab", "10", "--seq-len", "8", "--batch", "1"],
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args):
+    out = run_memd(["estimate"] + args)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -102,7 +102,7 @@ class Gpu:
 def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, noise: float, rng: random.Random, settle: float):
     s = client.Session("sim-" + job.name, endpoint=endpoint, timeout=2.0, default_batch=job.default,
                        target_effective_batch=job.target, max_batch=job.max_batch, device="cuda:0")
-    batches, ooms, oom_steps, reports = [], [], set(), 0
+    batches, reasons, ooms, oom_steps, reports = [], [], [], set(), 0
     held = 0.0
     try:
         for step in range(steps):
@@ -112,6 +112,7 @@ def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, noise: float, rng: ra
                 raise RuntimeError("%s: plan fell back: %s" % (job.name, plan.reason))
             b = plan.batch_size
             batches.append(b)
+            reasons.append(plan.reason)
             actual = job.peak(b) * (1 + rng.uniform(-noise, noise))
             if actual > CAPACITY:
                 ooms.append(reports)
@@ -143,7 +144,7 @@ def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, noise: float, rng: ra
         "job": job.name, "feasible": feasible, "achieved": final,
         "fraction": round(final / feasible, 3) if feasible else None,
         "ooms": len(ooms), "ooms_after_first_report": sum(1 for o in ooms if o >= 1),
-        "reports_to_converge": max(0, converged_after), "batches": batches,
+        "reports_to_converge": max(0, converged_after), "batches": batches, "reasons": reasons,
     }
 
 
@@ -195,6 +196,7 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle", type=float, default=0.06, help="seconds per step for the daemon to sample")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--jobs", help="comma-separated job names to run (default: all, and the pair)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     tmp = tempfile.mkdtemp(prefix="memd-sim-")
@@ -218,8 +220,9 @@ def main():
                 if time.monotonic() > deadline or daemon.poll() is not None:
                     raise
                 time.sleep(0.05)
-        results = [run_job(job, gpu, endpoint, args.steps, args.noise, rng, args.settle) for job in JOBS]
-        pair = run_pair(gpu, endpoint, args.steps, args.noise, rng, args.settle)
+        chosen = [job for job in JOBS if not args.jobs or job.name in args.jobs.split(",")]
+        results = [run_job(job, gpu, endpoint, args.steps, args.noise, rng, args.settle) for job in chosen]
+        pair = run_pair(gpu, endpoint, args.steps, args.noise, rng, args.settle) if not args.jobs else None
     finally:
         daemon.terminate()
         daemon.wait(10)
@@ -245,6 +248,8 @@ def main():
     print("median fraction %.3f, min %.3f, OOMs %d (after a first report: %d), reports to converge <= %d" % (
         summary["median_fraction"], summary["min_fraction"], summary["ooms"], summary["ooms_after_first_report"],
         summary["max_reports_to_converge"]))
+    if pair is None:
+        return
     print("two jobs on one GPU: finals %s, worst combined peak %.3f of capacity, OOMs %d" % (
         pair["jobs"], pair["worst_combined_peak_over_capacity"], pair["ooms"]))
 

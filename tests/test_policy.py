@@ -42,9 +42,18 @@ def test_repeated_tight_reports_sharpen_the_slope():
     truth = lambda b: 6 * GB + b * 0.5 * GB  # noqa: E731
     few = fit([Observation(b, int(truth(b))) for b in (4, 16)])
     many = fit([Observation(b, int(truth(b))) for b in (4, 16) for _ in range(4)])
-    assert many.per_sample_bytes < few.per_sample_bytes
-    assert many.per_sample_bytes == pytest.approx(0.5 * GB, rel=0.02)
+    assert many.peak(64) < few.peak(64)
+    assert many.peak(64) == pytest.approx(truth(64), rel=0.05)  # 4x beyond the batches seen
     assert many.confidence > few.confidence
+
+
+def test_the_band_is_tight_near_the_batches_seen_and_wide_far_from_them():
+    """Extrapolating is what is uncertain: the margin above the truth grows with the distance."""
+    truth = lambda b: 6 * GB + b * 0.5 * GB  # noqa: E731
+    curve = fit([Observation(b, int(truth(b) * (1 + 0.01 * (-1) ** i))) for i, b in enumerate((30, 31, 32, 33, 34))])
+    near, far = curve.peak(34) / truth(34), curve.peak(340) / truth(340)
+    assert 1.0 <= near < 1.05 < far
+    assert curve.max_batch(truth(36) * 1.04) >= 35  # room just beyond the batches seen is used
 
 
 def test_an_isolated_spike_is_ignored_but_repeated_spikes_count():

@@ -25,6 +25,7 @@ from .fit import Curve
 from .pressure import rank
 
 GB = 1e9
+SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped
 
 
 @dataclass(frozen=True)
@@ -149,10 +150,20 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     if curve.source == "prior" and fits > anchor * cfg.max_growth:
         return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
             anchor, int(anchor * cfg.max_growth), fits)
-    if (curve.source == "bound" and fits <= anchor and latest_peak and latest_batch
+    widest = max((b for b, _ in curve.observed), default=anchor)
+    if curve.source == "fit" and curve.confidence < SURE and fits > widest * cfg.max_growth:
+        # Few batch sizes and a slope the noise could explain (an allocator spike on one of two
+        # reports flattens the line): grow by at most max_growth past the largest batch seen.
+        grow = int(widest * cfg.max_growth)
+        return grow, "ramping %d -> %d toward %d (per-sample cost not yet certain: confidence %.2f)" % (
+            anchor, grow, fits, curve.confidence)
+    seen = [b for b, _ in curve.observed]
+    narrow = curve.source == "bound" or (curve.source == "fit" and curve.confidence < SURE and max(seen) < 2 * min(seen))
+    if (narrow and fits <= anchor and latest_peak and latest_batch
             and budget - latest_peak >= 0.5 * latest_peak / latest_batch and anchor // 2 >= limits.min_batch):
-        # One batch size seen, no provable room, yet room left: the bound p/b is pessimistic when
-        # much of p is fixed. One step at half the batch (always safe) measures the real slope.
+        # No provable room, yet room left, and the batches seen are too close together to tell
+        # fixed from per-sample cost (one batch: the bound p/b is pessimistic when much of p is
+        # fixed). One step at half the batch (always safe) measures the real slope.
         probe = anchor // 2
         return probe, "probing %d -> %d for one step to learn the per-sample cost (%.2f GB of the budget unused)" % (
             anchor, probe, (budget - latest_peak) / GB)

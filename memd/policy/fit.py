@@ -1,12 +1,16 @@
 """A job's memory curve, peak(batch) = fixed + per_sample x batch, learned from its reports.
 
-The fitted line is deliberately an *upper* bound: the batch it allows is safe, not merely
-likely. Three ideas make it so:
+The predicted peak is deliberately an *upper* bound: the batch it allows is safe, not merely
+likely. Four ideas make it so:
 - one report (b, p) with nothing else known bounds per_sample by p / b (fixed >= 0), so
   b_max = b x budget / p is provably safe and is the natural second point;
-- with two or more batch sizes the slope is raised by two standard errors (noise assumed
-  ``noise`` x peak unless repeated reports at one batch show the actual spread), and the
-  intercept is lifted until every observed point lies under the line;
+- with two or more batch sizes the line is fitted by least squares and widened by the
+  confidence band of a fitted line, Z x sigma x sqrt(1/n + (b - mean)^2 / Sxx) (noise assumed
+  ``noise`` x peak, blended with the scatter the job shows): tight near the batches seen, growing
+  like the slope's standard error far from them; the line is then lifted until every observed
+  point lies under it;
+- what was seen beats what the line extrapolates: the highest report at a batch size (plus
+  twice the noise) bounds the peak at that batch and every smaller one;
 - per batch size, an isolated allocator spike (far above the others) is ignored once enough
   reports exist; repeated spikes are believed.
 A prior (from the job's hints, via the estimators) is used only until reports exist, and the
@@ -17,11 +21,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 NOISE = 0.02  # assumed relative noise of one peak report before the job shows its own
-Z = 2.0  # standard errors added to the slope
+Z = 2.0  # standard errors of the fitted line added to the prediction
 PRIOR_POINTS = 3  # weight of the assumed noise against the residuals the job shows
+HIGH = 0.9  # the quantile of a step's excess over the middle line that the headroom covers
 
 
 @dataclass(frozen=True)
@@ -42,25 +47,47 @@ class Curve:
     # was seen beats what the line extrapolates, for that batch and (peaks grow with the
     # batch) every smaller one.
     observed: Tuple[Tuple[int, float], ...] = ()
+    # The fitted line's confidence band, (Z x sigma, reports, mean batch, Sxx): right of the mean
+    # batch the prediction widens by Z sigma sqrt(1/n + (b - mean)^2 / Sxx); left of it the
+    # band stays at its narrowest, so the prediction never falls as the batch grows.
+    band: Tuple[float, int, float, float] = (0.0, 1, 0.0, 0.0)
+    cap: Optional[Tuple[float, float]] = None  # (fixed, per_sample) of a line known to lie above
+
+    def line(self, batch: float) -> float:
+        zs, n, mean, sxx = self.band
+        wider = zs * math.sqrt(1 / n + (max(0.0, batch - mean) ** 2 / sxx if sxx else 0.0)) if zs else 0.0
+        line = self.fixed_bytes + self.per_sample_bytes * batch + wider
+        return line if self.cap is None else min(line, self.cap[0] + self.cap[1] * batch)
 
     def peak(self, batch: int) -> float:
-        line = self.fixed_bytes + self.per_sample_bytes * batch
-        for seen, bound in self.observed:
-            if seen >= batch:
-                return min(line, min(b for s, b in self.observed if s >= batch))
-        return line
+        line = self.line(batch)
+        seen = [bound for s, bound in self.observed if s >= batch]
+        return min([line] + seen)
 
     def max_batch(self, budget_bytes: float) -> int:
         """The largest batch whose predicted peak fits ``budget_bytes`` (0 when none does)."""
-        room = budget_bytes - self.fixed_bytes
-        if room < 0:
-            fits = 0
-        elif self.per_sample_bytes <= 0:
-            fits = 1 << 20
-        else:
-            fits = int(math.floor(room / self.per_sample_bytes + 1e-9))
+        fits = _largest(lambda b: self.line(b) <= budget_bytes)
         seen = [s for s, bound in self.observed if bound <= budget_bytes and s > fits]
         return max(seen + [fits])
+
+
+LARGEST = 1 << 20  # no batch is larger
+
+
+def _largest(ok) -> int:
+    """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails)."""
+    if not ok(1):
+        return 0
+    if ok(LARGEST):
+        return LARGEST
+    lo, hi = 1, LARGEST  # ok(lo), not ok(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(frozen=True)
@@ -82,37 +109,46 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     else:
         curve = _line(_without_spiked_batch(points, noise), base, noise)
     # A report can sit noise below the truth and the next one noise above it: 2 x noise.
-    return replace(curve, observed=tuple((b, top * (1 + 2 * noise)) for b, top, _, _ in points))
+    return replace(curve, observed=tuple((p.batch, p.top * (1 + 2 * noise)) for p in points))
 
 
-def aggregate(observations: Iterable[Observation]) -> List[Tuple[int, float, Optional[float], int]]:
-    """(batch, robust peak, relative spread or None, reports) per batch size, ascending by batch."""
+class Point(NamedTuple):
+    """One batch size's credible reports (ascending)."""
+    batch: int
+    peaks: Tuple[int, ...]
+
+    @property
+    def top(self) -> float:
+        return float(self.peaks[-1])
+
+    @property
+    def middle(self) -> float:
+        return float(statistics.median(self.peaks))
+
+
+def aggregate(observations: Iterable[Observation]) -> List[Point]:
+    """The credible reports per batch size, ascending by batch."""
     by_batch: Dict[int, List[int]] = {}
     for obs in observations:
         if obs.batch >= 1 and obs.peak_bytes > 0:
             by_batch.setdefault(obs.batch, []).append(obs.peak_bytes)
-    points = []
-    for batch in sorted(by_batch):
-        peaks = _without_isolated_spike(by_batch[batch])
-        top = float(max(peaks))
-        # The relative spread of repeated reports; None until there are enough to tell.
-        spread = (statistics.pstdev(peaks) / statistics.mean(peaks)) if len(peaks) >= 3 else None
-        points.append((batch, top, spread, len(peaks)))
-    return points
+    return [Point(batch, tuple(sorted(_without_isolated_spike(by_batch[batch])))) for batch in sorted(by_batch)]
 
 
 def _without_isolated_spike(peaks: List[int]) -> List[int]:
-    """Drop the single largest report when it stands far above an otherwise tight cluster
-    (two or more reports that agree); two high reports are believed."""
+    """Drop the rare reports that stand far above an otherwise tight cluster: one in three
+    reports or more, and up to one in ten. Highs that recur more often than that are believed."""
     if len(peaks) < 3:
         return peaks
     ordered = sorted(peaks)
-    rest = ordered[:-1]
+    allowed = max(1, len(peaks) // 10)
+    rest = ordered[:-allowed]
     median = statistics.median(rest)
     mad = statistics.median(abs(p - median) for p in rest)
-    if ordered[-1] > median + max(8 * mad, 0.05 * median) and ordered[-2] <= median + max(4 * mad, 0.02 * median):
-        return rest
-    return peaks
+    if rest[-1] > median + max(4 * mad, 0.02 * median):
+        return peaks  # the cluster itself is not tight
+    kept = [p for p in ordered if p <= median + max(8 * mad, 0.05 * median)]
+    return kept if len(kept) >= len(peaks) - allowed else peaks
 
 
 def _without_spiked_batch(points, noise: float = NOISE):
@@ -125,18 +161,19 @@ def _without_spiked_batch(points, noise: float = NOISE):
     if len(points) < 4:
         return points
     worst, worst_excess = None, 0.0
-    scale = max(p[1] for p in points)  # judged against the largest peak: what planning risks
-    for i, (x, y, _, count) in enumerate(points):
-        if count != 1:
+    scale = max(p.top for p in points)  # judged against the largest peak: what planning risks
+    for i, point in enumerate(points):
+        if len(point.peaks) != 1:
             continue
+        x, y = point.batch, point.top
         others = points[:i] + points[i + 1:]
-        line = _ols([p[0] for p in others], [p[1] for p in others])
+        line = _ols([p.batch for p in others], [p.middle for p in others])
         if line is None:
             continue
-        residuals = [abs(p[1] - (line[0] + line[1] * p[0])) / scale for p in others]
+        residuals = [abs(p.middle - (line[0] + line[1] * p.batch)) / scale for p in others]
         excess = (y - (line[0] + line[1] * x)) / scale
         # Far from the others the line itself is uncertain: widen the band with the leverage.
-        xs = [p[0] for p in others]
+        xs = [p.batch for p in others]
         mx = sum(xs) / len(xs)
         leverage = math.sqrt(1 + 1 / len(xs) + (x - mx) ** 2 / sum((v - mx) ** 2 for v in xs))
         band = max(0.05, 4 * max(residuals), 2 * noise * leverage)
@@ -161,8 +198,8 @@ def _base(observations: Sequence[Observation]) -> Optional[float]:
     return float(min(bases)) if bases else None
 
 
-def _one_point(point: Tuple[int, float, Optional[float], int], base: Optional[float], prior: Optional[Prior]) -> Curve:
-    batch, peak, _, _ = point
+def _one_point(point: Point, base: Optional[float], prior: Optional[Prior]) -> Curve:
+    batch, peak = point.batch, point.top
     if base is not None and base < peak:
         # Memory held between steps is batch-independent, so (peak - base) / b bounds per_sample.
         return Curve(base, (peak - base) / batch, "bound", 1, 0.5)
@@ -171,29 +208,39 @@ def _one_point(point: Tuple[int, float, Optional[float], int], base: Optional[fl
     return Curve(0.0, peak / batch, "bound", 1, 0.25)
 
 
-def _line(points: List[Tuple[int, float, Optional[float], int]], base: Optional[float], noise: float) -> Curve:
-    xs = [float(p[0]) for p in points]
-    ys = [p[1] for p in points]
-    n = len(points)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-    # Noise per report: what repeated reports showed, else the assumed level.
-    seen = [p[2] for p in points if p[2] is not None]
-    rel = max(seen + [noise / 10]) if seen else noise
-    sigma = rel * my
-    if n > 2:
-        # The assumed noise counts as PRIOR_POINTS residuals; the job's own scatter takes over
-        # as it reports more batch sizes (never below a tenth of the assumed level).
-        residual2 = sum((y - (my + slope * (x - mx))) ** 2 for x, y in zip(xs, ys))
-        sigma = max(math.sqrt((PRIOR_POINTS * sigma ** 2 + residual2) / (PRIOR_POINTS + n - 2)), sigma / 10)
+def _line(points: List[Point], base: Optional[float], noise: float) -> Curve:
+    """The middle line through the batch sizes' median reports, raised by the headroom a step
+    needs above it (a high quantile of the reports' excess, robust to rare spikes) and widened
+    by the line's confidence band."""
+    xs = [float(p.batch) for p in points]
+    ys = [p.middle for p in points]
+    ws = [len(p.peaks) for p in points]  # a median of k reports is k times as sure (about)
+    n, w = len(points), sum(ws)
+    mx, my = sum(k * x for k, x in zip(ws, xs)) / w, sum(k * y for k, y in zip(ws, ys)) / w
+    sxx = sum(k * (x - mx) ** 2 for k, x in zip(ws, xs))
+    slope = sum(k * (x - mx) * (y - my) for k, x, y in zip(ws, xs, ys)) / sxx
+    # Per-report noise: the assumed level counts as PRIOR_POINTS residuals; the job's own
+    # scatter takes over as it reports more (never below a tenth of the assumed level).
+    # Both count: the batch sizes' scatter around the line and the reports' around their batch's.
+    residual2 = sum(k * (y - (my + slope * (x - mx))) ** 2 for k, x, y in zip(ws, xs, ys))
+    residual2 += sum((peak - statistics.fmean(p.peaks)) ** 2 for p in points for peak in p.peaks)
+    freedom = n - 2 + w - n
+    sigma = max(math.sqrt((PRIOR_POINTS * (noise * my) ** 2 + residual2) / (PRIOR_POINTS + freedom)), noise * my / 10)
     se = sigma / math.sqrt(sxx)
-    upper = max(0.0, slope) + Z * se
+    slope = max(0.0, slope)
+    confidence = slope / (slope + Z * se) if slope + Z * se > 0 else 1.0  # 1 when the data pin the slope down
+    middle = lambda x: my + slope * (x - mx)  # noqa: E731
+    # Headroom of one step over the middle line: the 90th percentile of the reports' excess
+    # (rare spikes above it are ignored), blended with the assumed noise while reports are few.
+    excess = sorted(peak / middle(p.batch) - 1 for p in points for peak in p.peaks)
+    seen = max(0.0, excess[min(len(excess) - 1, int(HIGH * len(excess)))])
+    headroom = (PRIOR_POINTS * noise + len(excess) * seen) / (PRIOR_POINTS + len(excess))
+    cap = None
     if base is not None:
-        # Between-step memory bounds per_sample from above at every observed batch.
-        upper = min(upper, max(((y - base) / x for x, y in zip(xs, ys))))
-        upper = max(upper, 0.0)
-    fixed = max(y - upper * x for x, y in zip(xs, ys))
-    # The share of the slope we are sure of: 1 when the data pin it down, 0 when noise dominates.
-    confidence = max(0.0, min(1.0, slope / upper)) if upper > 0 else 1.0
-    return Curve(max(fixed, 0.0), upper, "fit", n, round(confidence, 3))
+        # Memory held between steps is batch-independent: (peak - base) / batch bounds
+        # per_sample at every observed batch, and so the line from the highest point.
+        bound = max(0.0, max((p.top - base) / p.batch for p in points))
+        cap = (max(p.top - bound * p.batch for p in points), bound)
+    scale = 1 + headroom
+    return Curve(max(0.0, (my - slope * mx) * scale), slope * scale, "fit", n, round(max(0.0, min(1.0, confidence)), 3),
+                 band=(Z * sigma, w, mx, sxx), cap=cap)

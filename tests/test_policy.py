@@ -64,6 +64,45 @@ def test_an_isolated_spike_is_ignored_but_repeated_spikes_count():
     assert fit(with_two).peak(8) >= 14 * GB
 
 
+def test_rare_spikes_are_ignored_up_to_one_in_ten():
+    steady = [Observation(8, 10 * GB + (i % 5) * 10 ** 7) for i in range(18)]
+    assert fit(steady + [Observation(8, 13 * GB)] * 2).peak(8) < 10.5 * GB  # 2 in 20: fragmentation
+    assert fit(steady + [Observation(8, 13 * GB)] * 4).peak(8) >= 13 * GB  # 4 in 22: the batch's real cost
+
+
+def test_a_spike_that_flattens_a_two_point_line_is_ramped_not_jumped():
+    # The first report spiked: the two points say memory barely grows with the batch.
+    curve = fit([Observation(4, 32 * GB), Observation(9, 31 * GB)])
+    assert curve.confidence < 0.7
+    d = decide(curve, pool(free=40 * GB, own=31 * GB), Limits(), ControlState(batch=9), "ok", CFG,
+               latest_peak=31 * GB, latest_batch=9)
+    assert d.plan.batch_size == 18 and "ramping" in d.plan.reason
+
+
+def test_batches_too_close_together_are_probed_once_from_below():
+    truth = lambda b: 60 * GB + b * 0.8 * GB  # noqa: E731  mostly fixed: the slope hides in the noise
+    reports = [Observation(b, int(truth(b) * (1 + 0.01 * (-1) ** i))) for i, b in enumerate((20, 21, 20, 21))]
+    held = max(r.peak_bytes for r in reports)  # the caching allocator keeps the largest peak
+    p = pool(capacity=90 * GB, free=4 * GB, own=held, margin=GB)
+    d = decide(fit(reports), p, Limits(), ControlState(batch=21), "ok", CFG, latest_peak=reports[-1].peak_bytes,
+               latest_batch=21, held_peak=held)
+    assert d.plan.batch_size == 10 and "probing" in d.plan.reason
+    reports.append(Observation(10, int(truth(10))))
+    d = decide(fit(reports), p, Limits(), ControlState(batch=10), "ok", CFG, latest_peak=reports[-1].peak_bytes,
+               latest_batch=10, held_peak=held)
+    assert d.plan.batch_size >= 21 and "probing" not in d.plan.reason  # one probe was enough
+
+
+def test_a_batch_that_ran_within_the_budget_is_kept_when_the_slope_is_unknown():
+    truth = lambda b: 60 * GB + b * 0.8 * GB  # noqa: E731
+    reports = [Observation(b, int(truth(b) * (1 + 0.01 * (-1) ** i))) for i, b in enumerate((20, 21, 20, 21))]
+    held = max(r.peak_bytes for r in reports)
+    p = pool(capacity=80 * GB, free=2 * GB, own=held, margin=GB)  # no room to probe or grow
+    d = decide(fit(reports), p, Limits(), ControlState(batch=21), "ok", CFG, latest_peak=reports[-1].peak_bytes,
+               latest_batch=21, held_peak=held)
+    assert d.plan.batch_size == 21  # not min_batch: its reports fit, the margin covers their noise
+
+
 def test_base_bytes_splits_one_report():
     curve = fit([Observation(2, 61 * GB, base_bytes=59 * GB)])
     assert curve.fixed_bytes == 59 * GB and curve.per_sample_bytes == pytest.approx(GB)

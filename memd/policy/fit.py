@@ -4,13 +4,15 @@ The predicted peak is deliberately an *upper* bound: the batch it allows is safe
 likely. Four ideas make it so:
 - one report (b, p) with nothing else known bounds per_sample by p / b (fixed >= 0), so
   b_max = b x budget / p is provably safe and is the natural second point;
-- with two or more batch sizes the line is fitted by least squares and widened by the
-  confidence band of a fitted line, Z x sigma x sqrt(1/n + (b - mean)^2 / Sxx) (noise assumed
-  ``noise`` x peak, blended with the scatter the job shows): tight near the batches seen, growing
-  like the slope's standard error far from them; the line is then lifted until every observed
-  point lies under it;
+- with two or more batch sizes, a least-squares line through each batch size's median report
+  (weighted by its reports), raised by the headroom one step needs above it (the 90th
+  percentile of the reports' excess) and widened by the line's confidence band,
+  Z x sigma x sqrt(1/W + (b - mean)^2 / Sxx) (noise assumed ``noise`` x peak, blended with the
+  scatter the job shows): tight near the batches seen, growing like the slope's standard error
+  far from them;
 - what was seen beats what the line extrapolates: the highest report at a batch size (plus
-  twice the noise) bounds the peak at that batch and every smaller one;
+  twice the noise) bounds the peak at that batch and every smaller one, and a batch whose
+  highest report plus the noise fits the budget is kept;
 - per batch size, an isolated allocator spike (far above the others) is ignored once enough
   reports exist; repeated spikes are believed.
 A prior (from the job's hints, via the estimators) is used only until reports exist, and the
@@ -43,10 +45,10 @@ class Curve:
     source: str  # "prior", "bound" (one batch size seen), "fit" (two or more)
     batch_sizes: int  # distinct batch sizes observed
     confidence: float  # 0..1: grows with distinct batch sizes and their spread
-    # (batch, highest credible report x (1 + 2 noise)) per observed batch size, ascending: what
-    # was seen beats what the line extrapolates, for that batch and (peaks grow with the
-    # batch) every smaller one.
+    # (batch, highest credible report) per observed batch size, ascending: what was seen beats
+    # what the line extrapolates, for that batch and (peaks grow with the batch) every smaller one.
     observed: Tuple[Tuple[int, float], ...] = ()
+    noise: float = NOISE  # relative noise of one report, as the fit assumed it
     # The fitted line's confidence band, (Z x sigma, reports, mean batch, Sxx): right of the mean
     # batch the prediction widens by Z sigma sqrt(1/n + (b - mean)^2 / Sxx); left of it the
     # band stays at its narrowest, so the prediction never falls as the batch grows.
@@ -60,14 +62,17 @@ class Curve:
         return line if self.cap is None else min(line, self.cap[0] + self.cap[1] * batch)
 
     def peak(self, batch: int) -> float:
-        line = self.line(batch)
-        seen = [bound for s, bound in self.observed if s >= batch]
-        return min([line] + seen)
+        # A report can sit noise below the truth and the next step noise above it: 2 x noise.
+        seen = [top * (1 + 2 * self.noise) for s, top in self.observed if s >= batch]
+        return min([self.line(batch)] + seen)
 
     def max_batch(self, budget_bytes: float) -> int:
-        """The largest batch whose predicted peak fits ``budget_bytes`` (0 when none does)."""
+        """The largest batch whose predicted peak fits ``budget_bytes`` (0 when none does). A
+        batch whose highest report, plus the noise, fits is kept whatever the line says: the
+        budget already keeps a margin free, and the line may be unsure of a slope that the noise
+        hides."""
         fits = _largest(lambda b: self.line(b) <= budget_bytes)
-        seen = [s for s, bound in self.observed if bound <= budget_bytes and s > fits]
+        seen = [s for s, top in self.observed if top * (1 + self.noise) <= budget_bytes and s > fits]
         return max(seen + [fits])
 
 
@@ -108,8 +113,7 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         curve = _one_point(points[0], base, prior)
     else:
         curve = _line(_without_spiked_batch(points, noise), base, noise)
-    # A report can sit noise below the truth and the next one noise above it: 2 x noise.
-    return replace(curve, observed=tuple((p.batch, p.top * (1 + 2 * noise)) for p in points))
+    return replace(curve, observed=tuple((p.batch, p.top) for p in points), noise=noise)
 
 
 class Point(NamedTuple):
@@ -136,8 +140,8 @@ def aggregate(observations: Iterable[Observation]) -> List[Point]:
 
 
 def _without_isolated_spike(peaks: List[int]) -> List[int]:
-    """Drop the rare reports that stand far above an otherwise tight cluster: one in three
-    reports or more, and up to one in ten. Highs that recur more often than that are believed."""
+    """Drop the rare reports (from three reports on: one, later up to one in ten) that stand far
+    above an otherwise tight cluster. Highs that recur more often than that are believed."""
     if len(peaks) < 3:
         return peaks
     ordered = sorted(peaks)
@@ -220,12 +224,11 @@ def _line(points: List[Point], base: Optional[float], noise: float) -> Curve:
     sxx = sum(k * (x - mx) ** 2 for k, x in zip(ws, xs))
     slope = sum(k * (x - mx) * (y - my) for k, x, y in zip(ws, xs, ys)) / sxx
     # Per-report noise: the assumed level counts as PRIOR_POINTS residuals; the job's own
-    # scatter takes over as it reports more (never below a tenth of the assumed level).
-    # Both count: the batch sizes' scatter around the line and the reports' around their batch's.
+    # scatter (the batch sizes' around the line, the reports' around their batch's) takes over
+    # as it reports more, never below a tenth of the assumed level.
     residual2 = sum(k * (y - (my + slope * (x - mx))) ** 2 for k, x, y in zip(ws, xs, ys))
     residual2 += sum((peak - statistics.fmean(p.peaks)) ** 2 for p in points for peak in p.peaks)
-    freedom = n - 2 + w - n
-    sigma = max(math.sqrt((PRIOR_POINTS * (noise * my) ** 2 + residual2) / (PRIOR_POINTS + freedom)), noise * my / 10)
+    sigma = max(math.sqrt((PRIOR_POINTS * (noise * my) ** 2 + residual2) / (PRIOR_POINTS + w - 2)), noise * my / 10)
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
     confidence = slope / (slope + Z * se) if slope + Z * se > 0 else 1.0  # 1 when the data pin the slope down

@@ -147,9 +147,12 @@ class Daemon:
         core.snapshot = snap
         for source, _message in snap.errors:
             core.sample_errors[source] += 1
+        pids = {s.pid for s in core.sessions if s.local}
         if jobs:
-            pids = {s.pid for s in core.sessions if s.local}
             core.jobs = {pid: self.sampler.job(pid, snap.gpus) for pid in pids}
+        elif not pids <= core.jobs.keys():  # a new session: its cgroup and tree bound its next plan
+            fresh = {pid: self.sampler.job(pid, snap.gpus) for pid in pids - core.jobs.keys()}
+            core.jobs = {**core.jobs, **fresh}  # published whole, never mutated in place
         core.sampler_heartbeat = self.clock()
 
     # -- main thread ------------------------------------------------------------------------

@@ -2,11 +2,12 @@
 import pytest
 
 from memd.config import PolicyConfig
-from memd.policy.budget import Pool, find_gpu
+from memd.policy.budget import Pool, find_gpu, host_pool
 from memd.policy.controller import ControlState, Limits, after_oom, after_report, decide
 from memd.policy.fit import Curve, Observation, Prior, fit
-from memd.policy.pressure import PressureState, Signals, next_state, raw_level
-from memd.sampling.snapshot import Gpu, GpuProcess
+from memd.policy.pressure import PressureState, Signals, host_signals, next_state, raw_level
+from memd.sampling.sampler import JobMemory
+from memd.sampling.snapshot import Cgroup, Gpu, GpuProcess, Pressure, Snapshot, SystemMemory
 
 GB = 10 ** 9
 CFG = PolicyConfig()
@@ -154,6 +155,33 @@ def test_budget_counts_what_the_job_holds_in_its_reported_units():
     assert p.with_reserved(5 * GB).budget(25 * GB) == 38 * GB
     unknown = pool(free=20 * GB, own=None, margin=2 * GB)
     assert unknown.budget(held_peak=25 * GB) == 43 * GB
+
+
+def host_snapshot(cgroup):
+    return Snapshot(taken_at=0.0, monotonic=0.0, host="n", memory_model="cpu",
+                    system=SystemMemory(64 * GB, 40 * GB, 24 * GB, 0, 0), pressure=None, cgroup=cgroup)
+
+
+def test_a_job_is_bounded_by_its_own_cgroup_not_by_the_daemons_service():
+    service = Cgroup(2, "/system.slice/memd.service", 256 * 2 ** 20, 100 * 2 ** 20, working_set_bytes=90 * 2 ** 20)
+    snap = host_snapshot(service)
+    # memd.service's MemoryMax bounds memd, not the jobs: a job not yet read sees the host.
+    assert host_pool(snap, None, CFG).capacity_bytes == 64 * GB
+    assert host_signals(snap).available_ratio == 40 / 64
+    # A job in an 8 GB Slurm cgroup, 5 GB of it in use: that cgroup is its ceiling.
+    slurm = Cgroup(1, "/slurm/uid_1000/job_7", 8 * GB, 6 * GB, working_set_bytes=5 * GB)
+    job = JobMemory(pid=7, processes=(), cgroup=slurm, errors=(), monotonic=0.0)
+    p = host_pool(snap, job, CFG)
+    assert (p.capacity_bytes, p.free_bytes) == (8 * GB, 3 * GB)
+
+
+def test_a_containers_cgroup_bounds_every_job_in_it():
+    container = Cgroup(2, "/", 16 * GB, 12 * GB, working_set_bytes=10 * GB, pressure=Pressure(0.3, 0, 0, 0, 0, 0, 0, 0))
+    snap = host_snapshot(container)
+    p = host_pool(snap, None, CFG)
+    assert (p.capacity_bytes, p.free_bytes) == (16 * GB, 6 * GB)
+    signals = host_signals(snap)
+    assert signals.available_ratio == 6 / 16 and signals.some_avg10 == 0.3  # the container's own stalls
 
 
 def gpu(index, uuid, pids=()):

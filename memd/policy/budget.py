@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from memd.config import PolicyConfig
 from memd.sampling.sampler import JobMemory
-from memd.sampling.snapshot import DISCRETE, Gpu, Snapshot
+from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, Snapshot
 
 HOST = "host"
 
@@ -102,13 +102,24 @@ def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -
     """The host pool as the job sees it: bounded by its own cgroup when that is smaller."""
     capacity = snapshot.system.total_bytes
     free = snapshot.system.available_bytes
-    cg = job.cgroup if job is not None and job.cgroup is not None else snapshot.cgroup
+    cg = job.cgroup if job is not None and job.cgroup is not None else container_cgroup(snapshot)
     if cg is not None and cg.limit_bytes is not None and cg.limit_bytes < capacity:
         used = cg.working_set_bytes if cg.working_set_bytes is not None else (cg.usage_bytes or 0)
         capacity = cg.limit_bytes
         free = min(free, max(0, cg.limit_bytes - used))
     own = job.host_bytes if job is not None else None
     return Pool(HOST, snapshot.memory_model, capacity, free, own, margin(capacity, cfg))
+
+
+def container_cgroup(snapshot: Snapshot) -> Optional[Cgroup]:
+    """The daemon's cgroup when it bounds every job here too, else None.
+
+    At the root of its cgroup namespace (path "/") the daemon sees its container's cgroup,
+    whose limit binds everything in the container. Anywhere else (memd.service under systemd)
+    the cgroup is the daemon's own: its MemoryMax says nothing about the jobs'.
+    """
+    cg = snapshot.cgroup
+    return cg if cg is not None and cg.path == "/" else None
 
 
 def job_pids(job: JobMemory) -> Sequence[int]:

@@ -170,7 +170,7 @@ def _llm(args: argparse.Namespace) -> int:
     try:
         per_sample = None if args.per_sample_gb is None else args.per_sample_gb * GB
         if per_sample is None and args.layers is not None:
-            _, per_sample = est.transformer_line(args.layers, args.d_model, args.heads, args.vocab, args.seq_len,
+            _, _, per_sample = est.transformer_line(args.layers, args.d_model, args.heads, args.vocab, args.seq_len,
                                                  args.positions, args.precision, args.optimizer,
                                                  args.checkpointing, args.attention)
         r = est.llm(args.params, args.optimizer, args.precision, args.trainable, args.base_quantization,

@@ -374,8 +374,8 @@ def prior_from_hints(hints: Any) -> Optional[Prior]:
     - {"fixed_bytes", "per_sample_bytes"}: the caller's own line;
     - a GPT-style architecture {"layers", "d_model", "heads", "vocab", "seq_len"} with optional
       "positions", "precision" (or "dtype"), "optimizer", "checkpointing", "attention",
-      "device": fixed = weights + gradients + optimizer states, per_sample = the transformer
-      estimate's growth per sample (an upper bound on its convex peak);
+      "device": the line through the transformer estimate's peak at batch 1 with its steepest
+      growth per sample (transformer_line: an upper bound on its convex peak);
     - an LLM {"params"} with optional "optimizer", "precision", "trainable_params",
       "zero_stage", "gpus" and "per_sample_bytes" (else from the architecture keys).
     """
@@ -390,15 +390,14 @@ def prior_from_hints(hints: Any) -> Optional[Prior]:
         if "params" in hints:
             return _llm_prior(hints)
         if all(key in hints for key in ARCH_KEYS):
-            est, per = _arch_line(hints)
-            return Prior(int(est.weights_bytes + est.grads_bytes + est.optimizer_bytes + est.step_temp_bytes),
-                         int(per), "transformer")
+            _, fixed, per = _arch_line(hints)
+            return Prior(fixed, per, "transformer")
     except (EstimateError, TypeError, ValueError, OverflowError):
         return None
     return None
 
 
-def _arch_line(hints: Mapping[str, Any]) -> Tuple[TransformerEstimate, float]:
+def _arch_line(hints: Mapping[str, Any]) -> Tuple[TransformerEstimate, int, int]:
     kwargs = {key: _int_hint(hints, key) for key in ARCH_KEYS}
     if "positions" in hints:
         kwargs["positions"] = _int_hint(hints, "positions")
@@ -412,15 +411,23 @@ def _arch_line(hints: Mapping[str, Any]) -> Tuple[TransformerEstimate, float]:
 
 def transformer_line(layers: int, d_model: int, heads: int, vocab: int, seq_len: int, positions: Optional[int] = None,
                      precision: str = "fp32", optimizer: str = "adamw", checkpointing: bool = False,
-                     attention: str = "sdpa", device: str = "cuda") -> Tuple[TransformerEstimate, float]:
-    """(estimate at batch 1, bytes per sample) such that fixed + per_sample x b bounds the peak
-    from above: the peak is a maximum of lines in the batch, so it is convex."""
+                     attention: str = "sdpa", device: str = "cuda") -> Tuple[TransformerEstimate, int, int]:
+    """(estimate at batch 1, fixed, per_sample) with fixed + per_sample x b >= the peak at every b >= 1.
+
+    The peak is the largest of the step's moments, each a line in the batch, so it is convex and
+    its slope grows to that of the steepest moment (the activations'). That slope, read far out
+    where the steepest moment dominates, and the peak at batch 1 give the tightest line that
+    bounds it from above: a slope read at small batches (where the optimizer step or the weights
+    dominate) can be a fraction of the true growth and would promise batches that do not fit.
+    """
     kwargs = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, seq_len=seq_len,
                   positions=positions or seq_len, precision=precision, optimizer=optimizer,
                   checkpointing=checkpointing, attention=attention, device=device)
-    one, two = transformer(batch=1, **kwargs), transformer(batch=2, **kwargs)
+    one = transformer(batch=1, **kwargs)
+    far = 1 << 20
+    per_sample = max(1, -(-(transformer(batch=2 * far, **kwargs).peak_bytes - transformer(batch=far, **kwargs).peak_bytes) // far))
     batch_free = one.weights_bytes + one.grads_bytes + one.optimizer_bytes + one.step_temp_bytes
-    return one, max(two.peak_bytes - one.peak_bytes, one.peak_bytes - batch_free, 1)
+    return one, max(batch_free, one.peak_bytes - per_sample), per_sample
 
 
 def _llm_prior(hints: Mapping[str, Any]) -> Prior:
@@ -436,7 +443,7 @@ def _llm_prior(hints: Mapping[str, Any]) -> Prior:
     est = llm(overhead_bytes=0, margin_bytes=0, **kwargs)
     per_sample = hints.get("per_sample_bytes")
     if per_sample is None and all(key in hints for key in ARCH_KEYS):
-        per_sample = _arch_line(hints)[1]
+        per_sample = _arch_line(hints)[2]
     _positive("per_sample_bytes", per_sample)
     return Prior(int(est.fixed_bytes), int(per_sample), "llm")
 

@@ -34,7 +34,6 @@ class PolicyConfig:
     stable_steps: int = 10  # clean steps before growing back toward an OOM ceiling
     max_growth: float = 2.0  # one move at most multiplies the batch by this
     plan_fresh_seconds: float = 1.0  # how long a client may serve a plan from its cache
-    worker_bytes_default: int = 0  # assumed per-worker cost before one is measured; 0 = use the table
 
 
 @dataclass(frozen=True)

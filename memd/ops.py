@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional
 from memd.client import protocol
 from memd.core import VERSION, Core
 from memd.planner import check_remembered, plan_session, pool_for, pool_key, prior_from_hints
-from memd.policy.controller import Limits, after_oom, after_report
+from memd.policy.controller import ControlState, Limits, after_oom, after_report
 from memd.policy.fit import Observation
 from memd.sampling import procs
 from memd.sampling.snapshot import as_json
@@ -71,6 +71,9 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     memory = core.store.recall(session.job, pool_key(pool, snapshot))
     if memory is not None:
         session.remembered = list(memory.observations)
+        if memory.ceiling is not None:  # the last run ran out of memory above it: start below
+            session.state = ControlState(ceiling=max(limits.min_batch, memory.ceiling),
+                                         stable=core.config.policy.stable_steps)
     decision = _decide(core, session)
     return {"token": session.token, "plan": decision.plan.to_wire(), "session_ttl": core.config.session_ttl}
 

@@ -221,3 +221,16 @@ def test_learned_curve_survives_restart(memd):
     # Two batch sizes known from the last run: the fitted (not merely bounded) curve decides.
     assert "fit from" in plan.reason, plan.reason
     assert plan.batch_size > 8
+
+
+def test_an_oom_ceiling_survives_restart(memd):
+    with client.Session("ceiling", endpoint=memd.endpoint, timeout=1.0, default_batch=32) as s:
+        assert s.plan().batch_size == 32
+        s.report_oom(batch_size=32)
+        assert s.plan().batch_size == 24
+    assert wait_for(lambda: not memd.call("status")["sessions"])
+    assert memd.stop() == 0
+    memd.start()
+    with client.Session("ceiling", endpoint=memd.endpoint, timeout=1.0, default_batch=32) as s:
+        plan = s.plan()
+    assert plan.batch_size == 31 and "ceiling 31" in plan.reason, plan  # never the batch that failed

@@ -231,8 +231,27 @@ def test_oom_cuts_a_quarter_holds_then_grows_back_to_the_ceiling():
     state = d.state
     for _ in range(CFG.stable_steps):
         state = after_report(state, 30)
-    d = decide(curve, big, limits, state, "ok", CFG, latest_peak=15 * GB, latest_batch=30)
-    assert d.plan.batch_size == 39 and "ceiling" in d.plan.reason
+    batches = []
+    for _ in range(6):  # then back, halving the distance to the ceiling with each clean report
+        d = decide(curve, big, limits, state, "ok", CFG, latest_peak=15 * GB, latest_batch=state.batch)
+        batches.append(d.plan.batch_size)
+        state = after_report(d.state, d.plan.batch_size)
+    assert batches == [35, 37, 38, 39, 39, 39], batches
+    assert "ceiling 39" in d.plan.reason
+
+
+def test_a_remembered_ceiling_caps_the_first_plan():
+    state = ControlState(ceiling=24, stable=CFG.stable_steps)  # what hello restores from the last run
+    d = decide(None, pool(), Limits(default_batch=32), state, "ok", CFG)
+    assert d.plan.batch_size == 24 and "ceiling" in d.plan.reason
+
+
+def test_workers_on_a_discrete_gpu_are_paid_from_host_memory():
+    curve = Curve(GB, GB, "fit", 3, 1.0)
+    gpu_pool = pool(capacity=80 * GB, free=60 * GB, margin=40 * GB)  # a huge GPU margin must not starve the host
+    d = decide(curve, gpu_pool, Limits(num_workers=4), ControlState(batch=8), "ok", CFG,
+               worker_bytes=[2 * GB] * 4, host_total_bytes=64 * GB, host_free_bytes=10 * GB)
+    assert d.plan.num_workers == 4, d.plan.reason
 
 
 def test_pressure_holds_growth_and_critical_cuts_once_and_throttles():

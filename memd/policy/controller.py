@@ -5,7 +5,8 @@ pressure level, the config). Moves, in order:
 1. the curve's largest batch under the pool's budget (none before the first report: the job's
    default, or half what a prior allows: never a blind jump on a prior alone);
 2. after an OOM: cut 25 % and never exceed the ceiling (the failed batch minus one); hold the
-   cut until ``stable_steps`` clean reports, then grow back toward the ceiling;
+   cut until ``stable_steps`` clean reports, then grow back toward the ceiling, halving the
+   distance with each report;
 3. pressure: elevated and high hold growth, high also trims workers and prefetch, critical cuts
    the batch once per episode by the same 25 % and sets ``throttle``;
 4. the job's min/max, then the effective-batch rule (split_batch).
@@ -20,7 +21,7 @@ from typing import List, Optional
 from memd.client.plan import Plan, split_batch
 from memd.config import PolicyConfig
 
-from .budget import Pool
+from .budget import Pool, margin
 from .fit import Curve
 from .pressure import rank
 
@@ -78,11 +79,16 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     current = state.batch
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
 
-    if state.ceiling is not None and state.batch is not None:
-        if state.stable < cfg.stable_steps:
-            if limit > state.batch:
+    if state.ceiling is not None:
+        if state.batch is not None and limit > state.batch:
+            if state.stable < cfg.stable_steps:
                 limit, reason = state.batch, "holding %d after an out-of-memory error (%d/%d stable steps)" % (
                     state.batch, state.stable, cfg.stable_steps)
+            else:  # back toward the ceiling in halving steps: the OOM said the room ends somewhere below it
+                step = state.batch + max(1, (min(limit, state.ceiling) - state.batch + 1) // 2)
+                if step < limit:
+                    limit, reason = step, "growing back %d -> %d toward the ceiling %d after %d stable steps" % (
+                        state.batch, step, state.ceiling, state.stable)
         if limit > state.ceiling:
             limit, reason = state.ceiling, "at the ceiling %d below the batch that ran out of memory" % state.ceiling
 
@@ -110,7 +116,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
 
     workers, prefetch, worker_note = _workers(limits, worker_bytes, pool, level, host_total_bytes,
-                                              host_free_bytes, budget, curve, batch)
+                                              host_free_bytes, budget, curve, batch, cfg)
     if worker_note:
         reason += "; " + worker_note
     plan = Plan(
@@ -178,7 +184,7 @@ _UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))
 
 def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[Pool], level: str,
              host_total: Optional[int], host_free: Optional[int], budget: Optional[int], curve: Optional[Curve],
-             batch: int):
+             batch: int, cfg: PolicyConfig):
     """(num_workers, prefetch_factor, note)."""
     measured = [b for b in (worker_bytes or []) if b > 0]
     wanted = limits.num_workers if limits.num_workers is not None else len(measured)
@@ -190,7 +196,7 @@ def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[P
         if shared_pool and budget is not None and curve is not None:
             spare = budget - curve.peak(batch)  # workers compete with the batch: batch first
         else:
-            spare = (host_free or 0) - (pool.margin_bytes if pool is not None else 0)
+            spare = (host_free or 0) - margin(host_total or 0, cfg)  # workers live in host RAM
         affordable = max(0, len(measured) + int(spare // per_worker))
         if affordable < wanted:
             note = "%d workers of %.2f GB each fit, not %d" % (affordable, per_worker / GB, wanted)

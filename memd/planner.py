@@ -51,6 +51,17 @@ def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session
     return total
 
 
+def share_for(session: Session, pool: budget.Pool, greedy: int, sessions: Iterable[Session], at: float) -> Optional[int]:
+    """The session's fair share of its pool (budget.fair_share), or None when it has the pool to
+    itself. ``greedy`` is its budget as if alone but for the growth promised to the others."""
+    others = [o for o in sessions if o is not session and o.pool == pool.name]
+    if not others:
+        return None
+    held = [(o.peak_held_at(at), o.wanted_peak_bytes) for o in others]
+    room = greedy + pool.reserved_bytes + sum(h for h, _ in held)
+    return budget.fair_share(room, session.peak_held_at(at), held)
+
+
 def curve_for(session: Session):
     """The session's curve. A remembered curve joins the fit once the job's first report agrees
     with it (check_remembered); before that it is only a prior, so it can lower the first plan
@@ -77,6 +88,9 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     job = jobs.get(session.pid) if session.local else None
     pool = pool_for(session, snapshot, job, cfg)
     pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic))
+    held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
+    greedy = pool.budget(held_now)
+    pool = pool.with_share(share_for(session, pool, greedy, sessions, snapshot.monotonic))
     level = host_level
     if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
@@ -94,13 +108,18 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     decision = decide(
         curve, None if gpu_gone else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
-        held_peak=held if pool.own_bytes is None else session.peak_held_at(float("inf")),
+        held_peak=held_now,
         worker_bytes=job.worker_bytes if job is not None else None,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:
         decision = replace(decision, plan=replace(decision.plan, reason="holding %d: GPU %s cannot be read now (lost, "
                                                   "or the driver is down)" % (decision.plan.batch_size, session.pool)))
+    if curve is not None and pool is not None and not gpu_gone:
+        alone = curve.max_batch(greedy)  # what it would plan for with the pool to itself
+        if session.limits.max_batch is not None:
+            alone = min(alone, session.limits.max_batch)
+        session.wanted_peak_bytes = int(curve.peak(max(alone, session.limits.min_batch)))
     session.plan = decision.plan
     session.state = decision.state
     session.pool = session.pool if gpu_gone else pool.name

@@ -53,6 +53,7 @@ class Session:
     pool: Optional[str] = None  # the pool of the last decision ("host" or a GPU uuid)
     budget_bytes: Optional[int] = None
     predicted_peak_bytes: Optional[float] = None
+    wanted_peak_bytes: Optional[int] = None  # the peak it would plan for with its pool to itself
     latest_peak: Optional[int] = None
     # (when, the largest peak reported since the last OOM, as of then): what the job's allocator holds
     held: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=32))

@@ -208,3 +208,44 @@ def test_doctor_says_when_other_users_processes_are_unreadable():
     assert available is False and "CAP_SYS_PTRACE" in detail
     mine = check_proc_access()
     assert mine.available is True
+
+
+def test_two_sessions_on_one_gpu_never_plan_past_it_together(tmp_path, fake_nvml):
+    """Two jobs share an 80 GiB GPU (another tenant holds 10 GiB). Each step holds what its peak
+    was (the caching allocator keeps it, NVML shows it); their plans together must always fit."""
+    total, others = 80 * GiB, 10 * GiB
+    curves = {"a": (4 * GiB, GiB // 2), "b": (6 * GiB, GiB)}  # fixed + per sample
+    held = {"a": 0, "b": 0}
+
+    def show():
+        used = others + sum(held.values())
+        fake_nvml.write("gpu GPU-55555555-eeee total=80GiB used=%d name=NVIDIA H100 80GB HBM3\n" % used)
+
+    show()
+    daemon = Daemon(tmp_path, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.1"}).start()
+    sessions = {job: client.Session(job, endpoint=daemon.endpoint, timeout=1.0, default_batch=4) for job in curves}
+    try:
+        worst = 0
+        for _ in range(12):
+            planned = {}
+            for job, s in sessions.items():
+                s._plan_expires = 0  # ask the daemon every step
+                plan = s.plan()
+                assert plan.source == "daemon"
+                planned[job] = plan.batch_size
+            peaks = {job: curves[job][0] + curves[job][1] * b for job, b in planned.items()}
+            worst = max(worst, sum(peaks.values()))
+            assert others + sum(peaks.values()) <= total, (planned, peaks)  # no OOM, ever
+            for job, s in sessions.items():
+                held[job] = max(held[job], peaks[job])
+                s.report(batch_size=planned[job], peak_bytes=peaks[job])
+            show()
+            time.sleep(0.15)  # a sample or two of the device after the step
+        # Both want more than half: each gets about half (not first come, first served), and
+        # together they use most of what is free.
+        assert min(peaks.values()) >= 0.4 * (total - others), (planned, peaks)
+        assert worst >= 0.8 * (total - others), (planned, worst / GiB)
+    finally:
+        for s in sessions.values():
+            s.close()
+        daemon.stop()

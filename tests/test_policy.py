@@ -2,7 +2,7 @@
 import pytest
 
 from memd.config import PolicyConfig
-from memd.policy.budget import Pool, find_gpu, host_pool
+from memd.policy.budget import Pool, fair_share, find_gpu, host_pool
 from memd.policy.controller import ControlState, Limits, after_oom, after_report, decide
 from memd.policy.fit import Curve, Observation, Prior, fit
 from memd.policy.pressure import PressureState, Signals, host_signals, next_state, raw_level
@@ -147,6 +147,17 @@ def test_pressure_rises_at_once_and_falls_after_calm():
 
 
 # -- budget ------------------------------------------------------------------------------------
+
+def test_fair_share_splits_a_pool_max_min():
+    assert fair_share(60 * GB, 0, [(0, 100 * GB)]) == 30 * GB  # both want it all: halves
+    assert fair_share(60 * GB, 0, [(0, 10 * GB)]) == 50 * GB  # the other wants little: the rest is ours
+    assert fair_share(60 * GB, 0, [(0, None)]) == 30 * GB  # the other does not know yet: it keeps a half
+    assert fair_share(60 * GB, 0, [(45 * GB, 50 * GB)]) == 15 * GB  # what the other holds is not taken back
+    assert fair_share(60 * GB, 40 * GB, [(20 * GB, 60 * GB)]) == 40 * GB  # nor what we hold
+    assert fair_share(90 * GB, 0, [(0, 100 * GB), (0, 5 * GB)]) == 55 * GB
+    capped = pool(free=60 * GB, own=None, margin=0).with_share(20 * GB)
+    assert capped.budget(held_peak=None) == 20 * GB and capped.budget(held_peak=0) == 20 * GB
+
 
 def test_budget_counts_what_the_job_holds_in_its_reported_units():
     # 20 GB free, the job holds 30 GB of which its reports count 25 GB (the rest: context etc).

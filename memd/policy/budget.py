@@ -8,8 +8,8 @@ minus a safety margin and minus the growth already promised to other sessions in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence, Tuple
 
 from memd.config import PolicyConfig
 from memd.sampling.sampler import JobMemory
@@ -27,6 +27,7 @@ class Pool:
     own_bytes: Optional[int]  # what the job holds in this pool now; None when unknown
     margin_bytes: int
     reserved_bytes: int = 0  # growth promised to other sessions sharing the pool
+    share_bytes: Optional[int] = None  # at most this much when others want the pool too (fair_share)
 
     def budget(self, held_peak: Optional[int]) -> int:
         """The largest peak (in the job's reported units) that still fits.
@@ -43,11 +44,28 @@ class Pool:
             held = self.own_bytes
         else:
             held = min(self.own_bytes, held_peak)
-        return self.free_bytes + held - self.margin_bytes - self.reserved_bytes
+        greedy = self.free_bytes + held - self.margin_bytes - self.reserved_bytes
+        return greedy if self.share_bytes is None else min(greedy, max(self.share_bytes, held))
 
     def with_reserved(self, reserved_bytes: int) -> "Pool":
-        return Pool(self.name, self.kind, self.capacity_bytes, self.free_bytes, self.own_bytes,
-                    self.margin_bytes, max(0, reserved_bytes))
+        return replace(self, reserved_bytes=max(0, reserved_bytes))
+
+    def with_share(self, share_bytes: Optional[int]) -> "Pool":
+        return replace(self, share_bytes=share_bytes)
+
+
+def fair_share(room: int, own_held: int, others: Sequence[Tuple[int, Optional[int]]]) -> int:
+    """What one session may plan for when others share its pool: max-min fairness.
+
+    ``room`` is what the sessions could hold together; ``others`` lists each other session's
+    (held now, peak it would plan for alone; None before it knows). Each is left what it
+    holds and up to an equal share of what it wants (an equal share when it does not know
+    yet), so the first job to learn its curve cannot take the whole device from a second one
+    that started with it; a job that wants little leaves the rest to the others.
+    """
+    equal = room // (len(others) + 1)
+    kept = sum(max(held, equal if wanted is None else min(wanted, equal)) for held, wanted in others)
+    return max(own_held, room - kept)
 
 
 def margin(capacity: int, cfg: PolicyConfig) -> int:

@@ -25,6 +25,10 @@ class PolicyConfig:
     """Thresholds and moves of the controller (docs/policy.md gives each one's source)."""
     margin_ratio: float = 0.03  # of a pool's capacity, kept free on top of the learned (upper-bound) peak
     margin_min_bytes: int = 512 * 1024 ** 2
+    # Kept for the OS on a shared (unified or cpu) pool, where the OOM killer, not an exception,
+    # meets a job that overshoots: seed 000's 8 GB, at most os_reserve_max_ratio of the pool.
+    os_reserve_bytes: int = 8 * 10 ** 9
+    os_reserve_max_ratio: float = 0.10
     elevated_some_avg10: float = 0.10  # PSI "some" ratio: tasks stalled on memory 10 % of the time
     high_some_avg10: float = 0.25
     critical_full_avg10: float = 0.10  # PSI "full": every task stalled 10 % of the time
@@ -158,7 +162,7 @@ def validate(config: Config) -> None:
     if config.metrics_address != "off":
         parse_address(config.metrics_address)
     p = config.policy
-    for name in ("margin_ratio", "elevated_some_avg10", "high_some_avg10", "critical_full_avg10",
+    for name in ("margin_ratio", "os_reserve_max_ratio", "elevated_some_avg10", "high_some_avg10", "critical_full_avg10",
                  "critical_available_ratio", "oom_cut"):
         if not 0 <= getattr(p, name) < 1:
             raise ConfigError("config key 'policy.%s' must be a ratio in [0, 1)" % name)

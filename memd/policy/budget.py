@@ -2,7 +2,7 @@
 
 discrete:     the job's GPU (matched by UUID): device total minus what others use.
 unified, cpu: one pool for everything: min(host RAM, the job's cgroup limit), minus every
-              other process, the job's own dataloader workers included.
+              other process, the job's own dataloader workers included, and an OS reserve.
 In both, the job may grow to what it holds now (in the units it reports) plus what is free,
 minus a safety margin and minus the growth already promised to other sessions in the pool.
 """
@@ -72,6 +72,11 @@ def margin(capacity: int, cfg: PolicyConfig) -> int:
     return max(int(capacity * cfg.margin_ratio), cfg.margin_min_bytes)
 
 
+def host_margin(capacity: int, cfg: PolicyConfig) -> int:
+    """A shared pool's margin keeps an OS reserve too: there the OOM killer meets an overshoot."""
+    return max(margin(capacity, cfg), min(cfg.os_reserve_bytes, int(cfg.os_reserve_max_ratio * capacity)))
+
+
 def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Optional[str] = None,
              visible: Optional[str] = None, pids: Sequence[int] = ()) -> Optional[Gpu]:
     """The job's GPU: by UUID; else through CUDA_VISIBLE_DEVICES and the CUDA index; else the GPU
@@ -126,7 +131,7 @@ def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -
         capacity = cg.limit_bytes
         free = min(free, max(0, cg.limit_bytes - used))
     own = job.host_bytes if job is not None else None
-    return Pool(HOST, snapshot.memory_model, capacity, free, own, margin(capacity, cfg))
+    return Pool(HOST, snapshot.memory_model, capacity, free, own, host_margin(capacity, cfg))
 
 
 def container_cgroup(snapshot: Snapshot) -> Optional[Cgroup]:

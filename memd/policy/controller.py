@@ -21,7 +21,7 @@ from typing import List, Optional
 from memd.client.plan import Plan, split_batch
 from memd.config import PolicyConfig
 
-from .budget import Pool, margin
+from .budget import Pool, host_margin
 from .fit import Curve
 from .pressure import rank
 
@@ -196,7 +196,7 @@ def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[P
         if shared_pool and budget is not None and curve is not None:
             spare = budget - curve.peak(batch)  # workers compete with the batch: batch first
         else:
-            spare = (host_free or 0) - margin(host_total or 0, cfg)  # workers live in host RAM
+            spare = (host_free or 0) - host_margin(host_total or 0, cfg)  # workers live in host RAM
         affordable = max(0, len(measured) + int(spare // per_worker))
         if affordable < wanted:
             note = "%d workers of %.2f GB each fit, not %d" % (affordable, per_worker / GB, wanted)

@@ -1,0 +1,110 @@
+"""The real client against a hostile peer: a ROUTER that answers garbage. No memd answers like
+this, so the peer is a few lines of pyzmq written here; the client under test is the real one."""
+import threading
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from memd import client
+from memd.client import protocol
+
+
+def reply_with(make_reply):
+    """A peer on a loopback port that answers every request with make_reply(request)."""
+    ctx = zmq.Context()
+    stop = threading.Event()
+    ready = threading.Event()
+    holder = {}
+
+    def run():  # the socket lives and dies in this thread: zmq sockets are not thread-safe
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        holder["endpoint"] = "tcp://127.0.0.1:%d" % sock.bind_to_random_port("tcp://127.0.0.1")
+        ready.set()
+        while not stop.is_set():
+            if sock.poll(20, zmq.POLLIN):
+                frames = sock.recv_multipart()
+                try:
+                    request = msgpack.unpackb(frames[-1], raw=False)
+                except Exception:
+                    request = {}
+                for payload in make_reply(request if isinstance(request, dict) else {}):
+                    sock.send_multipart(frames[:-1] + [payload], zmq.NOBLOCK)
+        sock.close(0)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(5)
+
+    def close():
+        stop.set()
+        thread.join(5)
+        ctx.term()
+
+    return holder["endpoint"], close
+
+
+def ok(request, result):
+    return msgpack.packb({"v": 1, "id": request.get("id"), "ok": True, "result": result})
+
+
+GOOD_PLAN = {"batch_size": 8, "grad_accum_steps": 1, "effective_batch_size": 8, "num_workers": 0,
+             "prefetch_factor": None, "throttle": False, "pressure": "ok", "reason": "r", "fresh_for": 1.0}
+
+HOSTILE = {
+    "not msgpack": lambda r: [b"\xc1\xc1\xc1"],
+    "not a map": lambda r: [msgpack.packb([1, 2, 3])],
+    "wrong id": lambda r: [msgpack.packb({"v": 1, "id": 999999, "ok": True, "result": {"token": "t", "plan": GOOD_PLAN}})],
+    "ok without result": lambda r: [msgpack.packb({"v": 1, "id": r.get("id"), "ok": True})],
+    "token of the wrong type": lambda r: [ok(r, {"token": 5, "plan": GOOD_PLAN})],
+    "plan with a negative batch": lambda r: [ok(r, {"token": "t", "plan": dict(GOOD_PLAN, batch_size=-3)})],
+    "plan with a string batch": lambda r: [ok(r, {"token": "t", "plan": dict(GOOD_PLAN, batch_size="8")})],
+    "plan of unknown pressure": lambda r: [ok(r, {"token": "t", "plan": dict(GOOD_PLAN, pressure="doom")})],
+    "error without a code": lambda r: [msgpack.packb({"v": 1, "id": r.get("id"), "ok": False, "error": "x"})],
+    "a flood of junk": lambda r: [b"junk"] * 300,
+    "silence": lambda r: [],
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_garbage_replies_give_a_fallback_within_the_timeout(name):
+    endpoint, close = reply_with(HOSTILE[name])
+    s = client.Session("hostile", endpoint=endpoint, timeout=0.1, default_batch=8, max_batch=32)
+    try:
+        expected = 8
+        for _ in range(3):  # again and again: no exception, no hang, the caller's default
+            started = time.monotonic()
+            plan = s.plan()
+            assert time.monotonic() - started < 0.5
+            assert plan.source == "fallback" and plan.batch_size == expected, plan
+            s.report(batch_size=expected, peak_bytes=10 ** 9)  # never raises either
+            started = time.monotonic()
+            s.report_oom(batch_size=expected)
+            assert time.monotonic() - started < 0.5
+            expected = expected * 3 // 4  # backed off locally, as the daemon would have
+    finally:
+        s.close()
+        close()
+
+
+def test_a_wellformed_reply_after_garbage_is_taken():
+    replies = iter([[b"\xc1"], [b"junk"]])
+
+    def answer(request):
+        junk = next(replies, None)
+        return junk if junk is not None else [ok(request, {"token": "t", "plan": GOOD_PLAN})]
+
+    endpoint, close = reply_with(answer)
+    try:
+        with client.Session("recovering", endpoint=endpoint, timeout=0.2, default_batch=6) as s:
+            plans = []
+            for _ in range(40):
+                plans.append(s.plan())
+                if plans[-1].source == "daemon":
+                    break
+                time.sleep(0.05)
+            assert plans[-1].source == "daemon" and plans[-1].batch_size == 8
+    finally:
+        close()

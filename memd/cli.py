@@ -202,7 +202,8 @@ def _print_machine(snap: dict) -> None:
         print("cgroup v%d:    %s, using %s GiB (%s)" % (cg["version"], limit, _gib(cg["usage_bytes"]), cg["path"]))
     for gpu in snap.get("gpus") or []:
         if not gpu["healthy"]:
-            print("gpu %d:        %s %s: UNHEALTHY (%s)" % (gpu["index"], gpu["name"], gpu["uuid"], gpu["error"]))
+            print("gpu %d:        %s %s: UNHEALTHY (%s)" % (gpu["index"], gpu["name"] or "?", gpu["uuid"] or "",
+                                                             gpu["error"]))
         elif gpu["unified"]:
             print("gpu %d:        %s (unified memory: draws on host RAM)" % (gpu["index"], gpu["name"]))
         else:

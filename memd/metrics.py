@@ -176,7 +176,7 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
     healthy = GaugeMetricFamily("memd_gpu_healthy", "1 while the GPU answers, 0 when lost or failing", labels=GPU_LABELS)
     unified = GaugeMetricFamily("memd_gpu_unified_memory", "1 when the GPU uses host memory", labels=GPU_LABELS)
     for gpu in snap.gpus:
-        labels = [str(gpu.index), gpu.uuid, gpu.name, gpu.mig_parent_uuid or ""]
+        labels = [str(gpu.index), gpu.uuid or "", gpu.name or "", gpu.mig_parent_uuid or ""]  # None: never read
         for attr, family in families.items():
             value = getattr(gpu, attr)
             if value is not None:

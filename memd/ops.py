@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Optional
 from memd.client import protocol
 from memd.core import VERSION, Core
 from memd.planner import check_remembered, plan_session, pool_for, pool_key, prior_from_hints
+from memd.policy.budget import HOST, job_pids
 from memd.policy.controller import ControlState, Limits, after_oom, after_report
 from memd.policy.fit import Observation
 from memd.sampling import procs
@@ -209,15 +210,20 @@ def _snapshot(core: Core):
 
 
 def _measure_peak(core: Core, session: Session) -> Optional[int]:
-    """The job's peak since its last report, measured here: GPU memory on its device (NVML,
-    which includes what PyTorch's allocator keeps reserved), else the trainer's peak RSS."""
+    """The job's peak since its last report, measured here: on a GPU pool what NVML attributes
+    to the job's processes on that GPU (it includes what PyTorch's allocator keeps reserved);
+    on the host pool the trainer's peak RSS. None when unknown: a guess from another pool, or
+    a partial sum, would teach the curve a wrong point."""
     if not session.local:
         return None
-    job = core.jobs.get(session.pid)
-    if session.pool not in (None, "host") and job is not None:
-        gpu = job.gpu_bytes()
-        if gpu:
-            return gpu
+    if session.pool not in (None, HOST):
+        job, snapshot = core.jobs.get(session.pid), core.snapshot
+        gpu = next((g for g in snapshot.gpus if g.uuid == session.pool), None) if snapshot else None
+        if job is None or gpu is None:
+            return None
+        pids = set(job_pids(job))
+        used = [p.used_bytes for p in gpu.processes if p.pid in pids]
+        return sum(used) if used and None not in used else None
     peak = procs.read_peak_rss(session.pid, core.proc_root)
     procs.reset_peak_rss(session.pid, core.proc_root)
     return peak

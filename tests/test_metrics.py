@@ -64,6 +64,9 @@ def test_host_pressure_cgroup_and_gpus_in_base_units(tmp_path):
     lost = {"gpu": "1", "uuid": "GPU-bbbb", "name": "NVIDIA A100", "parent_uuid": ""}
     assert value(reg, "memd_gpu_healthy", **lost) == 0
     assert value(reg, "memd_gpu_memory_total_bytes", **lost) is None  # unknown is absent, never 0
+    never = snapshot(gpus=(Gpu(2, None, None, None, None, None, None, False, healthy=False, error="lost"),))
+    unnamed = scrape(core_with(tmp_path, never))  # a GPU lost before it ever answered: no uuid, no name
+    assert value(unnamed, "memd_gpu_healthy", gpu="2", uuid="", name="", parent_uuid="") == 0
     mig = {"gpu": "1", "uuid": "MIG-cccc", "name": "MIG 1g.10gb", "parent_uuid": "GPU-bbbb"}
     assert value(reg, "memd_gpu_memory_total_bytes", **mig) == 10 * GiB
     assert value(reg, "memd_unified_memory") == 0

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from memd.sampling.nvml import Nvml
+from memd.sampling.sampler import Sampler
 from memd.sampling.snapshot import GpuProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,18 +120,31 @@ def test_scenario_memory_total_zero_is_unified(fake_nvml_inprocess, nvml):
     assert gpu.unified and gpu.total_bytes is None and gpu.used_bytes is None
 
 
-def test_scenario_host_sized_memory_is_unified_but_grace_hopper_is_not(fake_nvml_inprocess, nvml):
+@pytest.mark.parametrize("name", ["NVIDIA GB10", "NVIDIA Thor", "Orin (nvgpu)"])
+def test_scenario_integrated_part_reporting_memory_is_unified(fake_nvml_inprocess, nvml, name):
     fake_nvml_inprocess.write(
-        "gpu GPU-host total=62GiB used=5GiB name=NVIDIA integrated\n"  # within 5 % of 64 GiB
+        f"gpu GPU-igpu total=62GiB used=5GiB name={name}\n"  # a driver that answers the query
         "gpu GPU-gh200 total=96GiB used=5GiB name=NVIDIA GH200 480GB\n")
-    gpus, _ = nvml.sample(HOST_RAM)
-    host, gh200 = gpus
-    assert host.unified and host.total_bytes == 62 * GiB  # the numbers are the host's pool
+    igpu, gh200 = nvml.sample(HOST_RAM)[0]
+    assert igpu.unified and igpu.total_bytes == 62 * GiB  # the numbers are the host's pool
     assert not gh200.unified  # its own HBM, next to 480 GB of LPDDR
-    gpus, _ = nvml.sample(480 * 10**9)
-    assert not any(g.unified for g in gpus)
     gpus, _ = nvml.sample(None)  # host size unknown: only NVML's own word counts
     assert not any(g.unified for g in gpus)
+    (igpu, _), _ = nvml.sample(32 * GiB)  # larger than the host: not the host's pool
+    assert not igpu.unified
+
+
+def test_scenario_host_sized_discrete_gpu_stays_discrete(fake_nvml_inprocess, nvml, tmp_path):
+    """A 24 GiB RTX 4090 in a host with 23.5 GiB of RAM: the same size, its own memory."""
+    fake_nvml_inprocess.write("gpu GPU-4090 total=24GiB used=2GiB name=NVIDIA GeForce RTX 4090\n")
+    host = int(23.5 * GiB)
+    for host_total in (host, 24 * GiB, 25 * GiB):
+        (gpu,), errors = nvml.sample(host_total)
+        assert not gpu.unified and gpu.total_bytes == 24 * GiB and errors == [], host_total
+    # and the machine as the daemon sees it (the Sampler passes meminfo's MemTotal)
+    (tmp_path / "meminfo").write_text("MemTotal: %d kB\nMemAvailable: %d kB\n" % (host // 1024, host // 2048))
+    snap = Sampler(gpus=nvml, proc_root=str(tmp_path), etc_root=str(tmp_path), apple_silicon=False).sample()
+    assert snap.memory_model == "discrete"
 
 
 def test_scenario_failing_one_gpu(fake_nvml_inprocess, nvml):
@@ -149,7 +163,8 @@ def test_scenario_failing_one_gpu(fake_nvml_inprocess, nvml):
 def test_scenario_gpu_lost_before_first_seen(fake_nvml_inprocess, nvml):
     fake_nvml_inprocess.write(TWO_DISCRETE.replace("util=42", "util=42 fail=unknown"))
     (broken, l4), errors = nvml.sample(HOST_RAM)
-    assert not broken.healthy and broken.uuid == "" and broken.error == "Unknown Error"
+    assert not broken.healthy and broken.error == "Unknown Error"
+    assert broken.uuid is None and broken.name is None  # never read: unknown, not ""
     assert l4.healthy and l4.uuid == "GPU-1111"
     assert errors == [("nvml", "GPU 0: Unknown Error")]
 

@@ -228,3 +228,164 @@ def test_memd_sample_pid_reports_the_tree_with_gpu_field():
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()
+
+
+def test_cgroup_v1_unlimited_on_64k_page_kernels_is_none(tmp_path):
+    """arm64/ppc64le kernels with 64 KiB pages round "no limit" down to 0x7FFFFFFFFFFF0000."""
+    root = str(tmp_path)
+    write(root, "proc/self/mountinfo", V1_MOUNTINFO.format(root=root))
+    write(root, "proc/self/cgroup", "4:memory:/\n")
+    d = "sys/fs/cgroup/memory/"
+    write(root, d + "memory.usage_in_bytes", "5\n")
+    for unlimited, real in ((0x7FFFFFFFFFFF0000, 2 ** 40), (2 ** 62, 2 ** 62 - 2 ** 16)):
+        write(root, d + "memory.stat", "hierarchical_memory_limit %d\ntotal_inactive_file 0\n" % unlimited)
+        assert cgroup.read_cgroup(proc_root=root + "/proc").limit_bytes is None
+        write(root, d + "memory.stat", "hierarchical_memory_limit %d\ntotal_inactive_file 0\n" % real)
+        assert cgroup.read_cgroup(proc_root=root + "/proc").limit_bytes == real
+
+
+# -- process trees without smaps_rollup ---------------------------------------------------------
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def fixture_process(root, pid, ppid, name, children=(), statm=True, rollup=None):
+    write(root, "%d/stat" % pid, "%d (%s) S %d %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0\n"
+          % (pid, name, ppid, pid, pid))
+    write(root, "%d/task/%d/children" % (pid, pid), " ".join(str(c) for c in children))
+    if statm:
+        write(root, "%d/statm" % pid, "9000 %d 300 1 0 500 0\n" % (pid * 10))  # resident pages
+    if rollup is not None:
+        write(root, "%d/smaps_rollup" % pid, rollup)
+
+
+def test_tree_on_a_kernel_without_smaps_rollup_is_rss_only_said_once(tmp_path):
+    """Before 4.14 there is no smaps_rollup: every process keeps its statm RSS, the children
+    are still walked, and the reason is one entry for the tree."""
+    root = str(tmp_path)
+    fixture_process(root, 10, 1, "trainer", children=(11, 12, 13))
+    fixture_process(root, 11, 10, "worker 0", children=(14,))
+    fixture_process(root, 12, 10, "worker 1")
+    fixture_process(root, 14, 11, "grandchild")
+    fixture_process(root, 13, 10, "gone", statm=False)  # exited between stat and statm
+    tree = procs.read_tree(10, proc_root=root)
+    assert tree.pids == (10, 11, 12, 14)
+    assert [p.rss_bytes for p in tree.processes] == [100 * PAGE, 110 * PAGE, 120 * PAGE, 140 * PAGE]
+    assert all(p.pss_bytes is None and p.uss_bytes is None for p in tree.processes)
+    assert tree.errors == (
+        ("procs", "process 13 vanished during the scan"),
+        ("procs", "%s: PSS/USS unknown, RSS from statm for 4 processes (10, 11, 12, 14)" % procs.NO_SMAPS_ROLLUP),
+    )
+    assert procs.read_tree(10, proc_root=root, detail=False).errors == (
+        ("procs", "process 13 vanished during the scan"),)  # RSS was all that was asked for
+
+
+def test_tree_where_some_processes_have_smaps_rollup_names_only_the_others(tmp_path):
+    root = str(tmp_path)
+    fixture_process(root, 10, 1, "trainer", children=(11,), rollup="Rss: 3000 kB\nPss: 2000 kB\n")
+    fixture_process(root, 11, 10, "worker")
+    tree = procs.read_tree(10, proc_root=root)
+    assert [(p.rss_bytes, p.pss_bytes) for p in tree.processes] == [(3000 * 1024, 2000 * 1024), (110 * PAGE, None)]
+    assert tree.errors == (("procs", "%s: PSS/USS unknown, RSS from statm for 1 process (11)" % procs.NO_SMAPS_ROLLUP),)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file; the test below covers root")
+def test_unreadable_smaps_rollup_is_rss_with_a_reason(tmp_path):
+    root = str(tmp_path)
+    fixture_process(root, 10, 1, "trainer", children=(11,), rollup="Rss: 3000 kB\n")
+    fixture_process(root, 11, 10, "worker", rollup="Rss: 2000 kB\n")
+    os.chmod(os.path.join(root, "10", "smaps_rollup"), 0)
+    tree = procs.read_tree(10, proc_root=root)
+    assert [(p.rss_bytes, p.pss_bytes) for p in tree.processes] == [(100 * PAGE, None), (2000 * 1024, None)]
+    assert tree.errors == (("procs", "%s: PSS/USS unknown, RSS from statm for 1 process (10)"
+                            % procs.SMAPS_ROLLUP_DENIED),)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_another_users_job_is_rss_with_a_reason():
+    """A daemon without CAP_SYS_PTRACE reading a root-owned job: RSS for both processes, and
+    the reason once, naming them."""
+    job = subprocess.Popen([sys.executable, "-c", "import os, sys, time\nif os.fork() == 0: time.sleep(60)\n"
+                            "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"],
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert job.stdout.readline().strip() == "ready"
+        read, write_end = os.pipe()
+        reader = os.fork()
+        if reader == 0:  # becomes nobody and reads root's job
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                tree = procs.read_tree(job.pid)
+                os.write(write_end, json.dumps([[[p.pid, p.rss_bytes, p.pss_bytes] for p in tree.processes],
+                                                tree.errors]).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        os.waitpid(reader, 0)
+        processes, errors = json.loads(os.read(read, 65536))
+        os.close(read)
+        assert len(processes) == 2 and processes[0][0] == job.pid
+        assert all(rss > 0 and pss is None for _, rss, pss in processes)
+        assert errors == [["procs", "%s: PSS/USS unknown, RSS from statm for 2 processes (%d, %d)"
+                           % (procs.SMAPS_ROLLUP_DENIED, job.pid, processes[1][0])]]
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+# -- GPU memory per process ----------------------------------------------------------------------
+
+def gpu(index, *processes):
+    from memd.sampling.snapshot import Gpu, GpuProcess
+    return Gpu(index, "GPU-%d" % index, "L4", 24 * MiB, 0, 24 * MiB, 0, False,
+               processes=tuple(GpuProcess(pid, used) for pid, used in processes))
+
+
+def test_gpu_bytes_unknown_on_one_device_is_unknown_in_all():
+    from memd.sampling.sampler import gpu_bytes_by_pid
+    gpus = [gpu(0, (7, 3 * MiB), (8, 1 * MiB), (9, None)), gpu(1, (7, None), (8, 2 * MiB), (9, 5 * MiB))]
+    assert gpu_bytes_by_pid(gpus) == {7: None, 8: 3 * MiB, 9: None}
+    assert gpu_bytes_by_pid([gpu(0, (8, 0))]) == {8: 0}  # zero is known, not unknown
+
+
+def test_job_gpu_bytes_is_none_when_any_part_is_unknown(tmp_path):
+    root = str(tmp_path)
+    fixture_process(root, 10, 1, "trainer", children=(11,))
+    fixture_process(root, 11, 10, "worker")
+    sampler = Sampler(proc_root=root, etc_root=root, apple_silicon=False)
+    both_known = sampler.job(10, [gpu(0, (10, 3 * MiB)), gpu(1, (10, 2 * MiB), (11, 1 * MiB))])
+    assert both_known.gpu_bytes() == 6 * MiB and both_known.gpu_unknown_pids == ()
+    assert [p.gpu_bytes for p in both_known.processes] == [5 * MiB, 1 * MiB]
+    partly = sampler.job(10, [gpu(0, (10, 3 * MiB)), gpu(1, (10, None), (11, 1 * MiB))])
+    assert partly.processes[0].gpu_bytes is None and partly.gpu_unknown_pids == (10,)
+    assert partly.gpu_bytes() is None  # not the 1 MiB the worker holds, nor 3 + 1
+    assert sampler.job(10, []).gpu_bytes() is None  # no GPU: nothing known
+
+
+# -- a job's own cgroup --------------------------------------------------------------------------
+
+def test_job_cgroup_is_the_jobs_own_not_the_daemons(tmp_path):
+    """memd.service is unlimited; the job runs in a Slurm step limited to 2 GiB."""
+    root = str(tmp_path)
+    proc = os.path.join(root, "proc")
+    write(root, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")
+    write(root, "proc/self/mountinfo", V2_MOUNTINFO.format(root=root))
+    write(root, "proc/self/cgroup", "0::/system.slice/memd.service\n")
+    fixture_process(proc, 42, 1, "trainer", rollup="Rss: 3000 kB\nPss: 2000 kB\n")
+    write(root, "proc/42/cgroup", "0::/slurm/job7/step0\n")
+    base = "sys/fs/cgroup/"
+    write(root, base + "cgroup.controllers", "cpu memory pids\n")
+    write(root, base + "system.slice/memd.service/memory.max", "max\n")
+    write(root, base + "system.slice/memd.service/memory.current", "50000000\n")
+    write(root, base + "slurm/job7/memory.max", "%d\n" % (2 * 2 ** 30))
+    write(root, base + "slurm/job7/step0/memory.max", "max\n")
+    write(root, base + "slurm/job7/step0/memory.current", "1500000000\n")
+    write(root, base + "slurm/job7/step0/memory.stat", "inactive_file 500000000\n")
+    sampler = Sampler(proc_root=proc, etc_root=root, apple_silicon=False)
+    daemon = sampler.sample().cgroup
+    assert (daemon.path, daemon.limit_bytes) == ("/system.slice/memd.service", None)
+    job = sampler.job(42)
+    assert job.alive and job.errors == ()
+    assert (job.cgroup.path, job.cgroup.limit_bytes) == ("/slurm/job7/step0", 2 * 2 ** 30)
+    assert job.cgroup.working_set_bytes == 1000000000

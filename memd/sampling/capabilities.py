@@ -8,12 +8,15 @@ from __future__ import annotations
 import errno
 import os
 import platform as _platform
+import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
 
 from . import cgroup as cgroup_module
 from . import platform, system
 from .nvml import Nvml
+
+PROC_ACCESS_PROBES = 256  # /proc entries looked at, at most: doctor stays quick on a busy host
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,7 @@ class Capability:
 def check_all(nvml: Optional[Nvml] = None, proc_root: str = "/proc", etc_root: str = "/etc",
               socket_path: Optional[str] = None) -> List[Capability]:
     checks: List[Callable[[], Capability]] = [
-        lambda: check_nvml(nvml or Nvml()),
+        lambda: check_nvml(nvml or Nvml(), host_total_bytes(proc_root)),
         lambda: check_platform(etc_root),
         lambda: check_psi(proc_root),
         lambda: check_cgroup(proc_root),
@@ -46,11 +49,23 @@ def check_all(nvml: Optional[Nvml] = None, proc_root: str = "/proc", etc_root: s
     return out
 
 
-def check_nvml(nvml: Nvml) -> Capability:
+def host_total_bytes(proc_root: str = "/proc") -> Optional[int]:
+    """The host's RAM as the Sampler reads it (meminfo on Linux, else psutil); None if unreadable."""
+    try:
+        if sys.platform.startswith("linux"):
+            return system.read_meminfo(proc_root).total_bytes
+        return system.read_system_memory().total_bytes
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def check_nvml(nvml: Nvml, host_total: Optional[int] = None) -> Capability:
+    """host_total: the host's RAM, which the daemon gives NVML too, so that doctor classifies a
+    device (unified or not) exactly as the daemon does."""
     status = nvml.status()
     if not status.available:
         return Capability("nvml", False, status.reason or "NVML is not available")
-    gpus, errors = nvml.sample()
+    gpus, errors = nvml.sample(host_total)
     unified = sum(1 for g in gpus if g.unified)
     unhealthy = [g for g in gpus if not g.healthy]
     detail = "%d GPU%s, driver %s, NVML %s" % (status.device_count or 0, "" if status.device_count == 1 else "s",
@@ -97,13 +112,22 @@ def check_cgroup(proc_root: str = "/proc") -> Capability:
     return Capability("cgroup", True, "v%d %s, %s" % (cg.version, cg.path, limit))
 
 
-def check_proc_access(proc_root: str = "/proc") -> Capability:
-    """Can memd read other users' /proc/PID/smaps_rollup (PSS/USS of their training jobs)?"""
+def check_proc_access(proc_root: str = "/proc", limit: int = PROC_ACCESS_PROBES) -> Capability:
+    """Can memd read other users' /proc/PID/smaps_rollup (PSS/USS of their training jobs)?
+
+    Looks at no more than ``limit`` processes, lowest pids first (system daemons, usually
+    another user's), so the answer is quick and the same each time on a host with 100k pids.
+    """
     me = os.getuid()
-    tried = 0
-    for name in os.listdir(proc_root):
-        if not name.isdigit() or int(name) == os.getpid():
+    pids = sorted(int(name) for name in os.listdir(proc_root) if name.isdigit())
+    examined = 0
+    for pid in pids:
+        if pid == os.getpid():
             continue
+        if examined >= limit:
+            break
+        examined += 1
+        name = str(pid)
         base = os.path.join(proc_root, name)
         try:
             owner = os.stat(base).st_uid
@@ -111,14 +135,16 @@ def check_proc_access(proc_root: str = "/proc") -> Capability:
             continue
         if owner == me:
             continue
-        tried += 1
         try:
             with open(os.path.join(base, "smaps_rollup"), "rb") as f:
                 f.read(1)
             return Capability("proc_access", True, "can read other users' smaps_rollup (e.g. pid %s of uid %d)"
                               % (name, owner))
         except FileNotFoundError:
-            continue  # gone, or a kernel thread without memory maps
+            if os.path.exists(os.path.join(base, "statm")):  # alive: the kernel has no smaps_rollup
+                return Capability("proc_access", False, "no smaps_rollup on this kernel (older than 4.14): every "
+                                  "process's PSS/USS is unknown, RSS only")
+            continue  # gone
         except PermissionError:
             return Capability("proc_access", False, "cannot read pid %s's smaps_rollup (uid %d): other users' jobs get "
                               "RSS only; run as the memd service (CAP_SYS_PTRACE) or as root" % (name, owner))
@@ -126,11 +152,10 @@ def check_proc_access(proc_root: str = "/proc") -> Capability:
             if exc.errno in (errno.ESRCH, errno.EINVAL):
                 continue
             return Capability("proc_access", False, "reading pid %s's smaps_rollup failed: %s" % (name, exc.strerror))
-        if tried > 64:
-            break
     if os.geteuid() == 0:
         return Capability("proc_access", True, "running as root: every process's smaps_rollup is readable")
-    return Capability("proc_access", True, "no other user's process with memory maps to test; own processes readable")
+    return Capability("proc_access", True, "no other user's process with memory maps among the %d looked at; own "
+                      "processes readable" % examined)
 
 
 def check_socket_dir(socket_path: str) -> Capability:

@@ -14,8 +14,10 @@ from typing import Dict, List, Optional
 from .snapshot import Cgroup
 from .system import parse_pressure
 
-# v1 reports "no limit" as the largest page-aligned signed 64-bit value.
-_V1_UNLIMITED = 0x7FFFFFFFFFFFF000
+# v1 reports "no limit" as the largest signed 64-bit value rounded down to the page size, which
+# depends on the kernel: 0x7FFFFFFFFFFFF000 with 4 KiB pages, 0x7FFFFFFFFFFF0000 with 64 KiB
+# (arm64, ppc64le). No real limit comes near 2**62 bytes (4 EiB), so anything above is "none".
+_V1_UNLIMITED = 1 << 62
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +29,12 @@ Memory = Tuple[Optional[int], Optional[int], Optional[int], Optional[int]]
 
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 60.0
-HOST_MATCH_TOLERANCE = 0.05  # a total within 5 % of the host's RAM is the host's RAM
+# Integrated NVIDIA GPUs, whose memory is the host's: DGX Spark's GB10 and the Jetson/Tegra SoCs
+# (names as nvidia-smi prints them: "NVIDIA GB10", "NVIDIA Thor", "Orin (nvgpu)").
+INTEGRATED_NAME = re.compile(r"\b(GB10|Spark|Thor|Orin|Xavier|Tegra|Jetson)\b", re.IGNORECASE)
+# Such a device's total may be the physical DRAM, a little above MemTotal (which leaves out
+# firmware and kernel reservations); a total larger than this cannot be the host's pool.
+HOST_MATCH_TOLERANCE = 0.05
 NOT_AVAILABLE = 0xFFFFFFFFFFFFFFFF  # NVML_VALUE_NOT_AVAILABLE for unsigned long long readings
 _NO_MEMORY: Memory = (None, None, None, None)
 
@@ -138,15 +144,15 @@ class Nvml:
         self._missing: set[str] = set()  # versioned functions this driver lacks
         self._said: set[str] = set()  # keys of things logged once
         # (index, MIG slot or -1) -> (uuid, name) from the last sample that could read them
-        self._known: Dict[Tuple[int, int], Tuple[str, str]] = {}
+        self._known: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str]]] = {}
 
     # ---- public ----
 
     def sample(self, host_total_bytes: Optional[int] = None) -> Tuple[Tuple[Gpu, ...], Errors]:
         """Every GPU (and MIG device, after its parent) now, and the errors met reading them.
 
-        host_total_bytes (the host's RAM) lets a device that reports the host's memory be
-        recognised as unified.
+        host_total_bytes (the host's RAM) lets an integrated device (GB10, Jetson) that does
+        report memory be recognised as unified; without it only NVML's own word counts.
         """
         with self._lock:
             if not self._ensure_init():
@@ -290,7 +296,8 @@ class Nvml:
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             name = pynvml.nvmlDeviceGetName(handle)
             self._known[key] = (uuid, name)
-            unified, (total, used, free, reserved) = _classify(self._memory(handle), host_total)
+            unified, (total, used, free, reserved) = _classify(self._memory(handle), name,
+                                                                host_total)
             utilization = self._reading("utilization", uuid, errors,
                                         pynvml.nvmlDeviceGetUtilizationRates, handle)
             processes = self._processes(handle, uuid, errors)
@@ -306,7 +313,8 @@ class Nvml:
     def _broken(self, key: Tuple[int, int], parent_uuid: Optional[str], error: Exception,
                 errors: Errors) -> Gpu:
         index, slot = key
-        uuid, name = self._known.get(key, ("", ""))  # what an earlier sample learnt, if any
+        # What an earlier sample learnt; None (unknown) when the device never answered.
+        uuid, name = self._known.get(key, (None, None))
         label = uuid or (f"GPU {index}" if slot < 0 else f"GPU {index} MIG slot {slot}")
         errors.append(("nvml", f"{label}: {error}"))
         return Gpu(index=index, uuid=uuid, name=name, total_bytes=None, used_bytes=None,
@@ -373,12 +381,16 @@ class Nvml:
         return None
 
 
-def _classify(memory: Optional[Memory], host_total: Optional[int]) -> Tuple[bool, Memory]:
+def _classify(memory: Optional[Memory], name: str,
+              host_total: Optional[int]) -> Tuple[bool, Memory]:
     """(unified, memory). Unified when NVML does not report memory (Not Supported, or a total
-    of 0: then all None) or reports the host's RAM (within 5 %: the numbers are the host's)."""
+    of 0: then all None), or when an integrated part (by name) reports a total no larger than
+    the host's RAM plus 5 %: its numbers are the shared pool's and are kept.
+
+    The size alone is no evidence: a 24 GiB RTX 4090 in a host with 23.5 GiB of RAM reports a
+    host-sized total of its own memory. docs/platforms.md has the rule and its evidence.
+    """
     if memory is None or not memory[0]:
         return True, _NO_MEMORY
-    total = memory[0]
-    if host_total and abs(total - host_total) <= HOST_MATCH_TOLERANCE * host_total:
-        return True, memory
-    return False, memory
+    fits_host = bool(host_total) and memory[0] <= host_total * (1 + HOST_MATCH_TOLERANCE)
+    return fits_host and INTEGRATED_NAME.search(name) is not None, memory

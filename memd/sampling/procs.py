@@ -17,6 +17,9 @@ from typing import Dict, List, Optional, Tuple
 from .snapshot import ProcessMemory
 
 MAX_PROCESSES = 1024  # a runaway fork bomb must not make one sample unbounded
+NO_SMAPS_ROLLUP = "no smaps_rollup (kernel older than 4.14)"
+SMAPS_ROLLUP_DENIED = "smaps_rollup not readable (another user's process: memd needs CAP_SYS_PTRACE)"
+_PIDS_SHOWN = 8  # pids named in a tree-wide error; the count says how many in all
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -41,10 +44,13 @@ def read_tree(pid: int, proc_root: str = "/proc", detail: bool = True,
 
     ``detail`` reads smaps_rollup (PSS/USS); without it only RSS from statm (10x cheaper).
     ``gpu_bytes`` maps pid -> GPU memory from NVML, attached to the matching processes.
-    A process that vanishes or cannot be read is left out with its reason in ``errors``.
+    A process that vanishes or cannot be read is left out with its reason in ``errors``; one
+    whose smaps_rollup cannot be read (an old kernel, another user's process) is kept with RSS
+    only, and the reason is said once for the tree, not once per process.
     """
     processes: List[ProcessMemory] = []
     errors: List[Tuple[str, str]] = []
+    rss_only: Dict[str, List[int]] = {}  # why PSS/USS are unknown -> the pids concerned
     queue = collections.deque([pid])
     seen = set()
     while queue and len(processes) < MAX_PROCESSES:
@@ -53,36 +59,57 @@ def read_tree(pid: int, proc_root: str = "/proc", detail: bool = True,
             continue
         seen.add(current)
         try:
-            processes.append(read_process(current, proc_root, detail, gpu_bytes))
+            process, why = _read_process(current, proc_root, detail, gpu_bytes)
         except FileNotFoundError:
             errors.append(("procs", "process %d vanished during the scan" % current))
             continue
         except (OSError, ValueError) as exc:
             errors.append(("procs", "process %d unreadable: %s" % (current, _reason(exc))))
             continue
+        processes.append(process)
+        if why is not None:
+            rss_only.setdefault(why, []).append(current)
         try:
             queue.extend(children(current, proc_root))
         except OSError as exc:
             errors.append(("procs", "children of %d unreadable: %s" % (current, _reason(exc))))
     if queue:
         errors.append(("procs", "tree of %d truncated at %d processes" % (pid, MAX_PROCESSES)))
+    for why, pids in rss_only.items():
+        shown = ", ".join(str(p) for p in pids[:_PIDS_SHOWN]) + (", ..." if len(pids) > _PIDS_SHOWN else "")
+        errors.append(("procs", "%s: PSS/USS unknown, RSS from statm for %d process%s (%s)"
+                       % (why, len(pids), "" if len(pids) == 1 else "es", shown)))
     return Tree(tuple(processes), tuple(errors))
 
 
 def read_process(pid: int, proc_root: str = "/proc", detail: bool = True,
                  gpu_bytes: Optional[Dict[int, Optional[int]]] = None) -> ProcessMemory:
+    return _read_process(pid, proc_root, detail, gpu_bytes)[0]
+
+
+def _read_process(pid: int, proc_root: str, detail: bool,
+                  gpu_bytes: Optional[Dict[int, Optional[int]]]) -> Tuple[ProcessMemory, Optional[str]]:
+    """The process's memory, and why PSS/USS are unknown when smaps_rollup could not be read.
+
+    FileNotFoundError means the process is gone: raised by stat, or by statm after a missing
+    smaps_rollup (a process that still has statm is on a kernel without smaps_rollup).
+    """
     base = os.path.join(proc_root, str(pid))
     ppid, name = _stat(base)
     rss = pss = uss = None
+    why = None
     if detail:
         try:
             rss, pss, uss = _smaps_rollup(base)
+        except FileNotFoundError:
+            why = NO_SMAPS_ROLLUP
         except PermissionError:
-            pass  # another user's process without CAP_SYS_PTRACE: RSS from statm below
+            why = SMAPS_ROLLUP_DENIED
     if rss is None:
         rss = _statm_rss(base)
     gpu = gpu_bytes.get(pid) if gpu_bytes else None
-    return ProcessMemory(pid=pid, ppid=ppid, name=name, rss_bytes=rss, pss_bytes=pss, uss_bytes=uss, gpu_bytes=gpu)
+    return ProcessMemory(pid=pid, ppid=ppid, name=name, rss_bytes=rss, pss_bytes=pss, uss_bytes=uss,
+                         gpu_bytes=gpu), why
 
 
 def children(pid: int, proc_root: str = "/proc") -> List[int]:

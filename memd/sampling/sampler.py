@@ -29,6 +29,7 @@ class JobMemory:
     cgroup: Optional[Cgroup]
     errors: Tuple[Tuple[str, str], ...]
     monotonic: float
+    gpu_unknown_pids: Tuple[int, ...] = ()  # on a GPU that does not say how much they hold
 
     @property
     def alive(self) -> bool:
@@ -48,6 +49,10 @@ class JobMemory:
                 for p in self.processes if p.pid != self.pid]
 
     def gpu_bytes(self) -> Optional[int]:
+        """GPU memory of the whole tree; None when nothing is known or any part is unknown (a
+        partial sum would pass for the total)."""
+        if self.gpu_unknown_pids:
+            return None
         known = [p.gpu_bytes for p in self.processes if p.gpu_bytes is not None]
         return sum(known) if known else None
 
@@ -60,14 +65,19 @@ def _footprint(p: ProcessMemory) -> int:
 
 class Sampler:
     def __init__(self, gpus: Optional[GpuSource] = None, proc_root: str = "/proc", etc_root: str = "/etc",
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 apple_silicon: Optional[bool] = None,
+                 sysctl: Callable[[str], Optional[str]] = platform.sysctl):
+        """``apple_silicon`` None: ask this machine; ``sysctl`` reads a macOS sysctl (seams for
+        tests, like ``proc_root`` and ``etc_root``)."""
         self.gpus = gpus
         self.proc_root = proc_root
         self.clock = clock
         self.wall = wall
         self.host = socket.gethostname()
         self.tegra = platform.is_tegra(etc_root)
-        self.apple_silicon = platform.is_apple_silicon()
+        self.apple_silicon = platform.is_apple_silicon() if apple_silicon is None else apple_silicon
+        self.sysctl = sysctl
         self._last_system = None
 
     def sample(self, pid: Optional[int] = None) -> Snapshot:
@@ -85,7 +95,7 @@ class Sampler:
                 errors.extend(gpu_errors)
             except Exception as exc:  # a GPU layer bug must not stop host sampling
                 errors.append(("nvml", "GPU sampling failed: %r" % (exc,)))
-        apple_level = platform.apple_pressure_level() if self.apple_silicon else None
+        apple_level = platform.apple_pressure_level(self.sysctl) if self.apple_silicon else None
         processes = None
         if pid is not None:
             tree = procs.read_tree(pid, self.proc_root, detail=True, gpu_bytes=gpu_bytes_by_pid(gpus))
@@ -122,10 +132,13 @@ class Sampler:
     def job(self, pid: int, gpus: Sequence[Gpu] = (), detail: bool = True) -> JobMemory:
         """A job's tree and cgroup; a vanished job comes back with no processes, not an error."""
         errors: Errors = []
-        tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=gpu_bytes_by_pid(gpus))
+        on_gpus = gpu_bytes_by_pid(gpus)
+        tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=on_gpus)
         errors.extend(tree.errors)
         cg = _guard(errors, "cgroup", cgroup.read_cgroup, pid, self.proc_root) if tree.processes else None
-        return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock())
+        unknown = tuple(p for p in tree.pids if p in on_gpus and on_gpus[p] is None)
+        return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock(),
+                         gpu_unknown_pids=unknown)
 
     def _system(self, errors: Errors):
         try:
@@ -141,14 +154,17 @@ class Sampler:
 
 
 def gpu_bytes_by_pid(gpus: Sequence[Gpu]) -> Dict[int, Optional[int]]:
-    """pid -> GPU memory summed over devices; None where a device does not say."""
+    """pid -> GPU memory summed over devices; None when any of its devices does not say (the
+    sum of the others would pass for the total). A pid on no GPU is absent."""
     found: Dict[int, Optional[int]] = {}
+    unknown = set()
     for gpu in gpus:
         for proc in gpu.processes:
             if proc.used_bytes is None:
-                found.setdefault(proc.pid, None)
-            else:
-                found[proc.pid] = (found.get(proc.pid) or 0) + proc.used_bytes
+                unknown.add(proc.pid)
+            found[proc.pid] = (found.get(proc.pid) or 0) + (proc.used_bytes or 0)
+    for pid in unknown:
+        found[pid] = None
     return found
 
 

@@ -57,13 +57,13 @@ class GpuProcess:
 @dataclass(frozen=True)
 class Gpu:
     index: int  # NVML's index: stable only within one boot, so match devices by uuid
-    uuid: str
-    name: str
+    uuid: Optional[str]  # None only on an unhealthy device that never answered
+    name: Optional[str]  # likewise
     total_bytes: Optional[int]
     used_bytes: Optional[int]  # excludes reserved_bytes where the v2 query is available
     free_bytes: Optional[int]
     reserved_bytes: Optional[int]  # driver/firmware reservation; None with the v1 query
-    unified: bool  # memory is the host's (NVML says Not Supported, or reports the host's RAM)
+    unified: bool  # memory is the host's (NVML says Not Supported, or an integrated part)
     utilization: Optional[float] = None  # ratio of time a kernel ran over the last period
     healthy: bool = True  # False when the device is lost or failed this sample
     error: Optional[str] = None

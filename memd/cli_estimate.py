@@ -28,7 +28,7 @@ def _count(text: str) -> float:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*", str(text).lower())
     if not match:
         raise argparse.ArgumentTypeError("not a count: %r (e.g. 8.03e9, 8.03B, 125M)" % text)
-    return float(match.group(1)) * _SUFFIX[match.group(2)]
+    return float(round(float(match.group(1)) * _SUFFIX[match.group(2)]))  # 8.03B is 8,030,000,000 exactly
 
 
 def add_parser(subparsers) -> None:

@@ -443,7 +443,8 @@ def _llm_prior(hints: Mapping[str, Any]) -> Prior:
     est = llm(overhead_bytes=0, margin_bytes=0, **kwargs)
     per_sample = hints.get("per_sample_bytes")
     if per_sample is None and all(key in hints for key in ARCH_KEYS):
-        per_sample = _arch_line(hints)[2]
+        # The same precision as the fixed part: llm's default (mixed) unless the hints say.
+        per_sample = _arch_line(dict(hints, precision=kwargs.get("precision", "mixed")))[2]
     _positive("per_sample_bytes", per_sample)
     return Prior(int(est.fixed_bytes), int(per_sample), "llm")
 

@@ -14,7 +14,7 @@ from memd.policy import budget, estimate
 from memd.policy.controller import Decision, decide
 from memd.policy.fit import Observation, Prior, fit
 from memd.policy.pressure import rank
-from memd.sampling.sampler import JobMemory
+from memd.sampling.snapshot import JobMemory
 from memd.sampling.snapshot import DISCRETE, Snapshot
 from memd.sessions import Session
 

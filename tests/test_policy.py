@@ -6,7 +6,7 @@ from memd.policy.budget import Pool, fair_share, find_gpu, host_pool
 from memd.policy.controller import ControlState, Limits, after_oom, after_report, decide
 from memd.policy.fit import Curve, Observation, Prior, fit
 from memd.policy.pressure import PressureState, Signals, host_signals, next_state, raw_level
-from memd.sampling.sampler import JobMemory
+from memd.sampling.snapshot import JobMemory
 from memd.sampling.snapshot import Cgroup, Gpu, GpuProcess, Pressure, Snapshot, SystemMemory
 
 GB = 10 ** 9
@@ -15,6 +15,22 @@ CFG = PolicyConfig()
 
 def pool(capacity=80 * GB, free=60 * GB, own=None, kind="discrete", margin=GB):
     return Pool("gpu-0", kind, capacity, free, own, margin)
+
+
+def test_the_policy_imports_no_sampling_io():
+    """Pure functions: importing the policy loads no /proc, NVML or psutil reader."""
+    import json
+    import subprocess
+    import sys
+
+    from realdaemon import memd_env
+
+    code = ("import sys, json; import memd.policy.controller, memd.policy.budget, memd.policy.fit, "
+            "memd.policy.pressure, memd.policy.estimate, memd.planner; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('psutil', 'pynvml', 'subprocess') "
+            "or m.startswith('memd.sampling.') and m != 'memd.sampling.snapshot')))")
+    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
 
 
 # -- fit ---------------------------------------------------------------------------------------

@@ -349,18 +349,16 @@ def test_gpu_bytes_unknown_on_one_device_is_unknown_in_all():
     assert gpu_bytes_by_pid([gpu(0, (8, 0))]) == {8: 0}  # zero is known, not unknown
 
 
-def test_job_gpu_bytes_is_none_when_any_part_is_unknown(tmp_path):
+def test_a_processs_gpu_memory_unknown_on_one_device_is_unknown(tmp_path):
     root = str(tmp_path)
     fixture_process(root, 10, 1, "trainer", children=(11,))
     fixture_process(root, 11, 10, "worker")
     sampler = Sampler(proc_root=root, etc_root=root, apple_silicon=False)
     both_known = sampler.job(10, [gpu(0, (10, 3 * MiB)), gpu(1, (10, 2 * MiB), (11, 1 * MiB))])
-    assert both_known.gpu_bytes() == 6 * MiB and both_known.gpu_unknown_pids == ()
     assert [p.gpu_bytes for p in both_known.processes] == [5 * MiB, 1 * MiB]
     partly = sampler.job(10, [gpu(0, (10, 3 * MiB)), gpu(1, (10, None), (11, 1 * MiB))])
-    assert partly.processes[0].gpu_bytes is None and partly.gpu_unknown_pids == (10,)
-    assert partly.gpu_bytes() is None  # not the 1 MiB the worker holds, nor 3 + 1
-    assert sampler.job(10, []).gpu_bytes() is None  # no GPU: nothing known
+    assert [p.gpu_bytes for p in partly.processes] == [None, 1 * MiB]  # not 3 MiB passed off as the total
+    assert [p.gpu_bytes for p in sampler.job(10, []).processes] == [None, None]  # no GPU: nothing known
 
 
 # -- a job's own cgroup --------------------------------------------------------------------------

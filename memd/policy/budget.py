@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
 from memd.config import PolicyConfig
-from memd.sampling.sampler import JobMemory
+from memd.sampling.snapshot import JobMemory
 from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, Snapshot
 
 HOST = "host"

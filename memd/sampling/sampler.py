@@ -12,55 +12,13 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import cgroup, platform, procs, system
-from .snapshot import Cgroup, Gpu, ProcessMemory, Snapshot
+from .snapshot import Gpu, JobMemory, Snapshot
 
 Errors = List[Tuple[str, str]]
 
 
 class GpuSource(Protocol):
     def sample(self, host_total_bytes: Optional[int]) -> Tuple[Tuple[Gpu, ...], Errors]: ...
-
-
-@dataclass(frozen=True)
-class JobMemory:
-    """A job's process tree and cgroup, read on demand for the policy."""
-    pid: int
-    processes: Tuple[ProcessMemory, ...]
-    cgroup: Optional[Cgroup]
-    errors: Tuple[Tuple[str, str], ...]
-    monotonic: float
-    gpu_unknown_pids: Tuple[int, ...] = ()  # on a GPU that does not say how much they hold
-
-    @property
-    def alive(self) -> bool:
-        return any(p.pid == self.pid for p in self.processes)
-
-    @property
-    def host_bytes(self) -> Optional[int]:
-        """The tree's real footprint: PSS where readable (shared pages counted once), else RSS."""
-        if not self.processes:
-            return None
-        return sum(_footprint(p) for p in self.processes)
-
-    @property
-    def worker_bytes(self) -> List[int]:
-        """What each descendant alone holds (USS, else RSS): the cost of one more worker."""
-        return [p.uss_bytes if p.uss_bytes is not None else (p.rss_bytes or 0)
-                for p in self.processes if p.pid != self.pid]
-
-    def gpu_bytes(self) -> Optional[int]:
-        """GPU memory of the whole tree; None when nothing is known or any part is unknown (a
-        partial sum would pass for the total)."""
-        if self.gpu_unknown_pids:
-            return None
-        known = [p.gpu_bytes for p in self.processes if p.gpu_bytes is not None]
-        return sum(known) if known else None
-
-
-def _footprint(p: ProcessMemory) -> int:
-    if p.pss_bytes is not None:
-        return p.pss_bytes
-    return p.rss_bytes or 0
 
 
 class Sampler:
@@ -136,9 +94,7 @@ class Sampler:
         tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=on_gpus)
         errors.extend(tree.errors)
         cg = _guard(errors, "cgroup", cgroup.read_cgroup, pid, self.proc_root) if tree.processes else None
-        unknown = tuple(p for p in tree.pids if p in on_gpus and on_gpus[p] is None)
-        return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock(),
-                         gpu_unknown_pids=unknown)
+        return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock())
 
     def _system(self, errors: Errors):
         try:

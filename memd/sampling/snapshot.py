@@ -6,7 +6,7 @@ never a string. Everything downstream (policy, metrics, the CLI) reads only thes
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 DISCRETE = "discrete"
 UNIFIED = "unified"
@@ -97,6 +97,38 @@ class Snapshot:
     errors: Tuple[Tuple[str, str], ...] = ()  # (source, message) for reads that failed
     duration_seconds: float = 0.0
     processes: Optional[Tuple[ProcessMemory, ...]] = None  # a job's tree, only when asked for
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """A job's process tree and cgroup (Sampler.job), as the policy sees it."""
+    pid: int
+    processes: Tuple[ProcessMemory, ...]
+    cgroup: Optional[Cgroup]
+    errors: Tuple[Tuple[str, str], ...]
+    monotonic: float
+
+    @property
+    def alive(self) -> bool:
+        return any(p.pid == self.pid for p in self.processes)
+
+    @property
+    def host_bytes(self) -> Optional[int]:
+        """The tree's real footprint: PSS where readable (shared pages counted once), else RSS."""
+        if not self.processes:
+            return None
+        return sum(_footprint(p) for p in self.processes)
+
+    @property
+    def worker_bytes(self) -> List[int]:
+        """What each descendant alone holds (USS, else RSS): the cost of one more worker."""
+        return [p.uss_bytes if p.uss_bytes is not None else (p.rss_bytes or 0)
+                for p in self.processes if p.pid != self.pid]
+
+def _footprint(p: ProcessMemory) -> int:
+    if p.pss_bytes is not None:
+        return p.pss_bytes
+    return p.rss_bytes or 0
 
 
 def as_json(snapshot: Snapshot) -> Dict[str, Any]:

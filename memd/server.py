@@ -26,6 +26,7 @@ log = structlog.get_logger("memd.server")
 Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 Observer = Callable[[str, str, float], None]
 BATCH = 256  # messages handled per poll before returning to the daemon's housekeeping
+_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)  # enums cost a conversion per call
 
 
 class Server:
@@ -94,14 +95,17 @@ class Server:
         if not self._poller.poll(timeout * 1000):
             return 0
         handled = 0
-        # Ask EVENTS rather than catch zmq.Again: an exception per poll costs more than a request.
-        while handled < BATCH and self.sock.get(zmq.EVENTS) & zmq.POLLIN:
+        # The poller said a message waits: take it, then ask EVENTS whether more do (an
+        # exception per poll, zmq.Again, would cost more than a request).
+        while handled < BATCH:
             try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 break
             handled += 1
             self._handle(frames)
+            if not self.sock.getsockopt(_EVENTS) & _POLLIN:
+                break
         return handled
 
     def _handle(self, frames: List[bytes]) -> None:
@@ -111,7 +115,7 @@ class Server:
         envelope, payload = frames[:-1], frames[-1]
         reply, op, outcome = self._reply_to(envelope, payload)
         try:
-            self.sock.send_multipart(envelope + [protocol.encode(reply)], zmq.NOBLOCK)
+            self.sock.send_multipart(envelope + [protocol.encode(reply)], _NOBLOCK)
         except zmq.ZMQError:
             outcome = "unsent"  # the peer is gone or not reading; ROUTER would drop it anyway
         self.observe(op, outcome, time.perf_counter() - start)

@@ -31,6 +31,9 @@ from .plan import Plan, fallback_plan, split_batch
 
 __all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable"]
 
+# Plain ints: pyzmq's enum flags cost a conversion per call, and these are on the hot path.
+_NOBLOCK, _EVENTS, _POLLIN, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVTIMEO)
+
 _BACKOFF_FIRST = 0.1  # seconds before the first retry after the daemon failed to answer
 _BACKOFF_MAX = 2.0
 _PENDING_REPORTS = 16  # reports kept while the daemon cannot take them; older ones are dropped
@@ -76,6 +79,7 @@ class Session:
         self.timeout = float(timeout)
         if not self.timeout > 0:
             raise ValueError("timeout must be a positive number of seconds, not %r" % (timeout,))
+        self._timeout_ms = max(1, int(self.timeout * 1000))
         self.min_batch = _count(min_batch, "min_batch")
         self.max_batch = _count(max_batch, "max_batch", optional=True)
         self.default_batch = _count(default_batch, "default_batch", optional=True)
@@ -99,9 +103,9 @@ class Session:
             return self._fallback("session busy in another thread")
         try:
             self._check_fork()
-            self._drain()  # replies to earlier reports may carry a newer plan
             now = time.monotonic()
             if self._plan is not None and now < self._plan_expires:
+                self._drain()  # replies to earlier reports may carry a newer plan (not a fresher one)
                 return self._plan
             if now < self._retry_at:
                 return self._fallback("daemon unavailable; retrying in %.1f s" % (self._retry_at - now))
@@ -215,7 +219,7 @@ class Session:
         self._pid = os.getpid()
         self._ctx: Optional[zmq.Context] = None
         self._sock: Optional[zmq.Socket] = None
-        self._poller: Optional[zmq.Poller] = None
+        self._rcvtimeo = 0
         self._fresh_socket = False
         self._token: Optional[str] = None
         self._plan: Optional[Plan] = None
@@ -244,9 +248,9 @@ class Session:
             sock.setsockopt(zmq.RCVHWM, 64)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            self._rcvtimeo = self._timeout_ms
+            sock.setsockopt(zmq.RCVTIMEO, self._rcvtimeo)  # a blocking recv is one call; poll + recv two
             sock.connect(self.endpoint)
-            self._poller = zmq.Poller()  # kept: Socket.poll() would build one per round trip
-            self._poller.register(sock, zmq.POLLIN)
             self._sock = sock
             self._fresh_socket = True
         return self._sock
@@ -277,13 +281,23 @@ class Session:
     def _call(self, op: str, deadline: float, **fields: Any) -> Dict[str, Any]:
         """One round trip bounded by ``deadline``; replies to earlier requests are absorbed."""
         sock = self._socket()
+        if self._rcvtimeo != self._timeout_ms:  # an earlier call's last round waited less
+            self._rcvtimeo = self._timeout_ms
+            sock.setsockopt(_RCVTIMEO, self._rcvtimeo)
         request_id = self._next_id()
         self._send(sock, protocol.request(op, request_id, **fields), deadline)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._poller.poll(remaining * 1000):
+            remaining = int((deadline - time.monotonic()) * 1000)
+            if remaining <= 0:
                 raise _Unavailable("no reply to %s within %.0f ms" % (op, self.timeout * 1000))
-            reply = self._receive(sock, absorb=False)
+            if remaining < self._rcvtimeo:  # later rounds (a stale reply came first) wait less
+                sock.setsockopt(_RCVTIMEO, remaining)
+                self._rcvtimeo = remaining
+            try:
+                data = sock.recv()  # blocks at most RCVTIMEO
+            except zmq.Again:
+                raise _Unavailable("no reply to %s within %.0f ms" % (op, self.timeout * 1000)) from None
+            reply = _decoded(data)
             if reply is None:
                 continue
             if reply.get("id") != request_id:
@@ -301,7 +315,7 @@ class Session:
     def _send(self, sock: zmq.Socket, message: Dict[str, Any], deadline: float) -> None:
         data = protocol.encode(message)
         try:
-            sock.send(data, zmq.NOBLOCK)
+            sock.send(data, _NOBLOCK)
             return
         except zmq.Again:
             pass
@@ -318,18 +332,14 @@ class Session:
                     pass
         raise _Unavailable("daemon not connected at %s" % self.endpoint)
 
-    def _receive(self, sock: zmq.Socket, absorb: bool = True) -> Optional[Dict[str, Any]]:
-        """Read one reply (None when unreadable), absorbing what it teaches unless told not to."""
+    def _receive(self, sock: zmq.Socket) -> None:
+        """Read one waiting reply, if any, and absorb what it teaches."""
         try:
-            data = sock.recv(zmq.NOBLOCK)
-            reply = protocol.decode(data)
-        except (zmq.Again, ValueError):
-            return None
-        if not isinstance(reply, dict):
-            return None
-        if absorb:
+            reply = _decoded(sock.recv(_NOBLOCK))
+        except zmq.Again:
+            return
+        if reply is not None:
             self._absorb(reply)
-        return reply
 
     def _absorb(self, reply: Dict[str, Any]) -> None:
         """Learn from a reply nobody waits for: a token, a newer plan."""
@@ -348,7 +358,7 @@ class Session:
         if sock is None:
             return
         for _ in range(256):
-            if not sock.get(zmq.EVENTS) & zmq.POLLIN:  # cheaper than poll(0) on the hot path
+            if not sock.getsockopt(_EVENTS) & _POLLIN:  # cheaper than poll(0) on the hot path
                 return
             self._receive(sock)
 
@@ -383,7 +393,7 @@ class Session:
     def _try_send(self, op: str, fields: Dict[str, Any]) -> bool:
         try:
             message = protocol.request(op, self._next_id(), token=self._token, **fields)
-            self._sock.send(protocol.encode(message), zmq.NOBLOCK)
+            self._sock.send(protocol.encode(message), _NOBLOCK)
             return True
         except zmq.Again:
             return False
@@ -412,6 +422,15 @@ class Session:
         return fallback_plan(
             min_batch=self.min_batch, max_batch=max_batch, default_batch=self.default_batch,
             target_effective_batch=self.target_effective_batch, hints=self.hints, reason=reason, base=self._plan)
+
+
+def _decoded(data: bytes) -> Optional[Dict[str, Any]]:
+    """A reply as a map; None for anything else (garbage is skipped, never raised)."""
+    try:
+        reply = protocol.decode(data)
+    except ValueError:
+        return None
+    return reply if isinstance(reply, dict) else None
 
 
 def _rebuild(job: Optional[str], kwargs: Dict[str, Any]) -> Session:

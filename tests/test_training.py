@@ -86,3 +86,31 @@ def test_guarded_step_reports_and_turns_an_oom_into_a_smaller_plan(memd):
 ])
 def test_is_oom(exc, expected):
     assert training.is_oom(exc) is expected
+
+
+def test_a_hugging_face_trainer_takes_its_batch_from_the_plan_and_reports_each_step(memd, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64,
+                                                                 n_positions=32))
+
+    class Tokens(torch.utils.data.Dataset):  # made here: nothing is fetched from a hub
+        def __len__(self):
+            return 256
+
+        def __getitem__(self, i):
+            ids = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": ids, "labels": ids}
+
+    with client.Session("hf", endpoint=memd.endpoint, timeout=1.0, target_effective_batch=12, max_batch=4) as s:
+        plan = s.plan()
+        kwargs = training.trainer_arguments(plan)
+        assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (4, 3)
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, report_to=[],
+                                              use_cpu=True, save_strategy="no", logging_strategy="no",
+                                              disable_tqdm=True, **kwargs)
+        transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
+                             callbacks=[training.trainer_callback(s)]).train()
+        view = lambda: next(v for v in memd.call("status")["sessions"] if v["job"] == "hf")  # noqa: E731
+        assert wait_for(lambda: view()["reports"] == 3)  # one per optimizer step (3 micro-batches each)
+        assert view()["latest_batch"] == 4 and view()["latest_peak_bytes"] > 0  # measured by the daemon

@@ -11,20 +11,27 @@
             if outcome.oom:
                 optimizer.zero_grad()          # the next plan is already smaller
 
+With the Hugging Face Trainer, the batch is fixed when the Trainer is built: take it from the
+plan, and report every optimizer step so that the job's next run starts from its real curve:
+
+    with client.Session(job="llama-ft", target_effective_batch=64) as s:
+        args = TrainingArguments(output_dir=..., **trainer_arguments(s.plan()))
+        Trainer(model=model, args=args, train_dataset=ds, callbacks=[trainer_callback(s)]).train()
+
 Imported on demand only: ``import memd.client`` never loads torch. Nothing here imports torch
-unless the caller already has (a CPU-only script pays nothing).
+(or transformers) unless the caller does.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
 from dataclasses import replace
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from . import Session
 from .plan import PRESSURE_LEVELS, Plan, split_batch
 
-__all__ = ["agree", "agreed_plan", "guarded_step", "StepOutcome", "is_oom"]
+__all__ = ["agree", "agreed_plan", "guarded_step", "StepOutcome", "is_oom", "trainer_arguments", "trainer_callback"]
 
 _NONE = 1 << 30  # stands for "no prefetch_factor" in the element-wise minimum
 
@@ -110,6 +117,38 @@ def guarded_step(session: Session, batch_size: int, device: Any = None) -> Itera
     if cuda is not None:
         outcome.peak_bytes = int(cuda.max_memory_reserved(device))
     session.report(batch_size, peak_bytes=outcome.peak_bytes)
+
+
+def trainer_arguments(plan: Plan) -> Dict[str, Any]:
+    """The plan as keyword arguments of transformers.TrainingArguments."""
+    args: Dict[str, Any] = {"per_device_train_batch_size": plan.batch_size,
+                            "gradient_accumulation_steps": plan.grad_accum_steps,
+                            "dataloader_num_workers": plan.num_workers}
+    if plan.num_workers and plan.prefetch_factor:
+        args["dataloader_prefetch_factor"] = plan.prefetch_factor
+    return args
+
+
+def trainer_callback(session: Session, device: Any = None) -> Any:
+    """A transformers.TrainerCallback that reports each optimizer step's peak to the session.
+
+    The peak is the CUDA allocator's reserved peak over the step's micro-batches (each of
+    ``per_device_train_batch_size``); on the CPU the daemon measures the process instead.
+    """
+    from transformers import TrainerCallback  # the caller's Trainer has imported it already
+
+    class MemdCallback(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            cuda = _cuda(device)
+            if cuda is not None:
+                cuda.reset_peak_memory_stats(device)
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            cuda = _cuda(device)
+            peak = int(cuda.max_memory_reserved(device)) if cuda is not None else None
+            session.report(args.per_device_train_batch_size, peak_bytes=peak, step=state.global_step)
+
+    return MemdCallback()
 
 
 def is_oom(exc: BaseException) -> bool:

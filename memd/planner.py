@@ -7,7 +7,7 @@ registry of sessions and the pure policy.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, Optional
 
 from memd.config import PolicyConfig
 from memd.policy import budget, estimate

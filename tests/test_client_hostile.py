@@ -8,7 +8,6 @@ import pytest
 import zmq
 
 from memd import client
-from memd.client import protocol
 
 
 def reply_with(make_reply):

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from memd import client
+from nobody import as_nobody
 from realdaemon import Daemon, run_memd
 
 GiB = 2 ** 30
@@ -191,20 +192,11 @@ def test_doctor_says_when_other_users_processes_are_unreadable():
         pytest.skip("needs root to become another user")
     from memd.sampling.capabilities import check_proc_access
 
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child becomes nobody and looks at root's processes
-        try:
-            os.setgid(65534)
-            os.setuid(65534)
-            c = check_proc_access()
-            os.write(write, json.dumps([c.available, c.detail]).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    available, detail = json.loads(os.read(read, 4096))
-    os.close(read)
+    def look():  # as nobody, at root's processes
+        c = check_proc_access()
+        return [c.available, c.detail]
+
+    available, detail = as_nobody(look)
     assert available is False and "CAP_SYS_PTRACE" in detail
     mine = check_proc_access()
     assert mine.available is True

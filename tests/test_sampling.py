@@ -11,6 +11,7 @@ import pytest
 
 from memd.sampling import cgroup, procs, system
 from memd.sampling.sampler import Sampler
+from nobody import as_nobody
 from realdaemon import run_memd
 
 MB = 10 ** 6
@@ -310,21 +311,11 @@ def test_another_users_job_is_rss_with_a_reason():
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert job.stdout.readline().strip() == "ready"
-        read, write_end = os.pipe()
-        reader = os.fork()
-        if reader == 0:  # becomes nobody and reads root's job
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                tree = procs.read_tree(job.pid)
-                os.write(write_end, json.dumps([[[p.pid, p.rss_bytes, p.pss_bytes] for p in tree.processes],
-                                                tree.errors]).encode())
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        os.waitpid(reader, 0)
-        processes, errors = json.loads(os.read(read, 65536))
-        os.close(read)
+        def read_roots_job():
+            tree = procs.read_tree(job.pid)
+            return [[[p.pid, p.rss_bytes, p.pss_bytes] for p in tree.processes], tree.errors]
+
+        processes, errors = as_nobody(read_roots_job)
         assert len(processes) == 2 and processes[0][0] == job.pid
         assert all(rss > 0 and pss is None for _, rss, pss in processes)
         assert errors == [["procs", "%s: PSS/USS unknown, RSS from statm for 2 processes (%d, %d)"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import cgroup, platform, procs, system

@@ -188,4 +188,5 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
         assert {s["metric"]["uuid"] for s in high} == {"GPU-11111111-aaaa"}  # 79 of 80 GiB
         assert state("MemdGpuMemoryHigh") == "pending"  # for: 10m
         assert prom.query(alerts["MemdDown"]["query"]) == [] and state("MemdDown") == "inactive"
+        assert prom.query(alerts["MemdAbsent"]["query"]) == [] and state("MemdAbsent") == "inactive"
         assert prom.query(alerts["MemdSamplingStalled"]["query"]) == [] and state("MemdSamplingStalled") == "inactive"

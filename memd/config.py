@@ -46,6 +46,7 @@ class Config:
     metrics_address: str = "127.0.0.1:9463"  # HOST:PORT, or "off"
     interval: float = 0.2  # seconds between samples of the cheap signals
     job_interval: float = 2.0  # seconds between reads of each job's process tree
+    flush_interval: float = 30.0  # seconds between writes of what live sessions learned
     state_dir: Optional[str] = None
     max_sessions: int = 256
     session_ttl: float = 600.0  # seconds of silence after which a session is dropped
@@ -147,6 +148,8 @@ def _coerce(cls: type, key: str, value: Any, origin: str) -> Any:
 def validate(config: Config) -> None:
     if not config.interval > 0 or config.interval > 60:
         raise ConfigError("config key 'interval' must be in (0, 60] seconds, got %r" % config.interval)
+    if not config.flush_interval > 0:
+        raise ConfigError("config key 'flush_interval' must be a positive number of seconds")
     if not config.job_interval >= config.interval:
         raise ConfigError("config key 'job_interval' must be at least 'interval' (%s s)" % config.interval)
     if config.max_sessions < 1:

@@ -33,7 +33,6 @@ from memd.state import StateStore
 log = structlog.get_logger("memd")
 
 HOUSEKEEPING = 1.0  # seconds between session expiry passes
-FLUSH = 30.0  # seconds between writes of learned state (also on bye, expiry and shutdown)
 
 
 class Daemon:
@@ -90,8 +89,9 @@ class Daemon:
             if interval is not None and now - last_watchdog >= interval and self.sampler_healthy(now):
                 self.notifier.watchdog()
                 last_watchdog = now
-            if now - last_flush >= FLUSH:
+            if now - last_flush >= self.cfg.flush_interval:
                 last_flush = now
+                self._remember_live()
                 self.store.flush()
 
     def shutdown(self) -> None:
@@ -164,6 +164,15 @@ class Daemon:
         if not session.local:
             return True  # only silence (ttl) ends a session whose process memd cannot see
         return procs.process_start_time(session.pid, self.core.proc_root) == session.start_time
+
+    def _remember_live(self) -> None:
+        """Keep what live sessions learned so far, so that a daemon killed outright (SIGKILL, a
+        power cut) loses at most ``flush_interval`` of it; unchanged sessions write nothing."""
+        for session in self.core.sessions:
+            mark = (session.reports, session.ooms)
+            if session.remembered_mark != mark:
+                ops.remember(self.core, session)
+                session.remembered_mark = mark
 
     def _expire(self) -> None:
         for session in self.core.sessions.expire():

@@ -61,6 +61,7 @@ class Session:
     reports: int = 0
     ooms: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
+    remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
 
     def note_peak(self, when: float, peak: int) -> None:
         self.held.append((when, max(peak, self.held[-1][1] if self.held else 0)))

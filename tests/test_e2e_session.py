@@ -234,3 +234,26 @@ def test_an_oom_ceiling_survives_restart(memd):
     with client.Session("ceiling", endpoint=memd.endpoint, timeout=1.0, default_batch=32) as s:
         plan = s.plan()
     assert plan.batch_size == 31 and "ceiling 31" in plan.reason, plan  # never the batch that failed
+
+
+def test_a_daemon_killed_outright_keeps_what_live_sessions_learned(start_memd):
+    memd = start_memd(env={"MEMD_FLUSH_INTERVAL": "0.2"})
+    s = client.Session("survivor", endpoint=memd.endpoint, timeout=1.0, default_batch=4, max_batch=100000)
+    try:
+        s.plan()
+        for batch in (4, 8, 8):
+            s.report(batch_size=batch, peak_bytes=GB + batch * 10 ** 8)
+        assert wait_for(lambda: session_view(memd, "survivor")["reports"] == 3)
+        curves = memd.tmp_path / "state" / "curves.json"
+        assert wait_for(lambda: curves.exists() and "survivor" in curves.read_text())  # written while it runs
+        memd.stop(signal.SIGKILL)  # no shutdown path runs
+    finally:
+        s.close()
+    memd.start()
+    with client.Session("survivor", endpoint=memd.endpoint, timeout=1.0, default_batch=4, max_batch=100000) as s:
+        s.plan()
+        s.report(batch_size=4, peak_bytes=GB + 4 * 10 ** 8)
+        wait_for(lambda: session_view(memd, "survivor")["reports"] == 1)
+        time.sleep(FRESH)
+        plan = s.plan()
+    assert "fit from" in plan.reason and plan.batch_size > 8, plan  # the two batch sizes of the killed run

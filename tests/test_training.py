@@ -114,3 +114,36 @@ def test_a_hugging_face_trainer_takes_its_batch_from_the_plan_and_reports_each_s
         view = lambda: next(v for v in memd.call("status")["sessions"] if v["job"] == "hf")  # noqa: E731
         assert wait_for(lambda: view()["reports"] == 3)  # one per optimizer step (3 micro-batches each)
         assert view()["latest_batch"] == 4 and view()["latest_peak_bytes"] > 0  # measured by the daemon
+
+
+def test_a_lightning_trainer_reports_each_batch(memd, tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(16, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 16), torch.randn(64, 1))
+    with client.Session("lightning", endpoint=memd.endpoint, timeout=1.0, default_batch=8) as s:
+        loader = torch.utils.data.DataLoader(data, batch_size=s.plan().batch_size)
+        trainer = pl.Trainer(max_steps=4, accelerator="cpu", logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+                             callbacks=[training.lightning_callback(s)])
+        trainer.fit(Tiny(), loader)
+        view = lambda: next(v for v in memd.call("status")["sessions"] if v["job"] == "lightning")  # noqa: E731
+        assert wait_for(lambda: view()["reports"] == 4)
+        assert view()["latest_batch"] == 8 and view()["latest_peak_bytes"] > 0
+
+
+def test_batch_size_is_found_in_nested_batches():
+    assert training._batch_size({"input_ids": torch.zeros(6, 3), "labels": torch.zeros(6)}) == 6
+    assert training._batch_size([torch.zeros(5, 2), torch.zeros(5)]) == 5
+    assert training._batch_size(("text only",)) is None

@@ -31,7 +31,8 @@ from typing import Any, Dict, Iterator, Optional
 from . import Session
 from .plan import PRESSURE_LEVELS, Plan, split_batch
 
-__all__ = ["agree", "agreed_plan", "guarded_step", "StepOutcome", "is_oom", "trainer_arguments", "trainer_callback"]
+__all__ = ["agree", "agreed_plan", "guarded_step", "StepOutcome", "is_oom", "trainer_arguments", "trainer_callback",
+           "lightning_callback"]
 
 _NONE = 1 << 30  # stands for "no prefetch_factor" in the element-wise minimum
 
@@ -149,6 +150,46 @@ def trainer_callback(session: Session, device: Any = None) -> Any:
             session.report(args.per_device_train_batch_size, peak_bytes=peak, step=state.global_step)
 
     return MemdCallback()
+
+
+def lightning_callback(session: Session, device: Any = None) -> Any:
+    """A Lightning Callback that reports each training batch's peak to the session.
+
+    Works with ``lightning`` and the older ``pytorch_lightning`` package, whichever the caller
+    uses. The batch size is the first dimension of the batch (its first tensor); build the
+    DataLoader with ``plan.batch_size``.
+    """
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        from pytorch_lightning import Callback
+
+    class MemdCallback(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            cuda = _cuda(device)
+            if cuda is not None:
+                cuda.reset_peak_memory_stats(device)
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            size = _batch_size(batch)
+            if size:
+                cuda = _cuda(device)
+                peak = int(cuda.max_memory_reserved(device)) if cuda is not None else None
+                session.report(size, peak_bytes=peak, step=trainer.global_step)
+
+    return MemdCallback()
+
+
+def _batch_size(batch: Any) -> Optional[int]:
+    """The first dimension of the first tensor found in a batch (tensor, sequence or mapping)."""
+    if hasattr(batch, "shape") and len(batch.shape) > 0:
+        return int(batch.shape[0])
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        size = _batch_size(item)
+        if size:
+            return size
+    return None
 
 
 def is_oom(exc: BaseException) -> bool:

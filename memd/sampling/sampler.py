@@ -89,8 +89,7 @@ class Sampler:
     def job(self, pid: int, gpus: Sequence[Gpu] = (), detail: bool = True) -> JobMemory:
         """A job's tree and cgroup; a vanished job comes back with no processes, not an error."""
         errors: Errors = []
-        on_gpus = gpu_bytes_by_pid(gpus)
-        tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=on_gpus)
+        tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=gpu_bytes_by_pid(gpus))
         errors.extend(tree.errors)
         cg = _guard(errors, "cgroup", cgroup.read_cgroup, pid, self.proc_root) if tree.processes else None
         return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock())

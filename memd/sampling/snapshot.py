@@ -125,6 +125,7 @@ class JobMemory:
         return [p.uss_bytes if p.uss_bytes is not None else (p.rss_bytes or 0)
                 for p in self.processes if p.pid != self.pid]
 
+
 def _footprint(p: ProcessMemory) -> int:
     if p.pss_bytes is not None:
         return p.pss_bytes

@@ -18,8 +18,11 @@ plan, and report every optimizer step so that the job's next run starts from its
         args = TrainingArguments(output_dir=..., **trainer_arguments(s.plan()))
         Trainer(model=model, args=args, train_dataset=ds, callbacks=[trainer_callback(s)]).train()
 
-Imported on demand only: ``import memd.client`` never loads torch. Nothing here imports torch
-(or transformers) unless the caller does.
+With Lightning, build the DataLoader with ``plan.batch_size`` and pass
+``callbacks=[lightning_callback(s)]`` to the Trainer.
+
+Imported on demand only: ``import memd.client`` never loads torch. Nothing here imports torch,
+transformers or lightning unless the caller does.
 """
 from __future__ import annotations
 

@@ -310,6 +310,10 @@ def test_workers_follow_measured_cost_and_seed_table():
     budget = d.budget_bytes
     spare = budget - curve.peak(d.plan.batch_size)
     assert d.plan.num_workers == min(8, 2 + int(spare // (4 * GB)))
+    assert d.plan.num_workers < 8 and d.plan.prefetch_factor == 1  # memory-bound: fewer batches in flight too
+    roomy = decide(curve, shared, Limits(num_workers=2, prefetch_factor=4), ControlState(batch=8), "ok", CFG,
+                   latest_peak=10 * GB, latest_batch=8, worker_bytes=[GB, GB], host_total_bytes=128 * GB)
+    assert (roomy.plan.num_workers, roomy.plan.prefetch_factor) == (2, 4)  # room: the job's own choice
     unmeasured = decide(curve, shared, Limits(num_workers=8), ControlState(batch=8), "ok", CFG,
                         host_total_bytes=100 * GB)
     assert unmeasured.plan.num_workers == 2  # 64-127 GB of unified memory: 2 workers (seed 000)

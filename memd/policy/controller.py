@@ -199,8 +199,11 @@ def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[P
             spare = (host_free or 0) - host_margin(host_total or 0, cfg)  # workers live in host RAM
         affordable = max(0, len(measured) + int(spare // per_worker))
         if affordable < wanted:
-            note = "%d workers of %.2f GB each fit, not %d" % (affordable, per_worker / GB, wanted)
+            # Memory, not the job, limits the workers: each also keeps fewer batches in flight
+            # (seed 004: workers x prefetch_factor batches wait in host memory).
+            note = "%d workers of %.2f GB each fit, not %d; prefetch 1" % (affordable, per_worker / GB, wanted)
             wanted = affordable
+            prefetch = 1
     elif shared_pool and host_total:
         table = next(n for floor, n in _UNIFIED_WORKER_TABLE if host_total >= floor)
         if limits.num_workers is None:

@@ -152,7 +152,7 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
         instance = wait_until(lambda: prom.query('up{job="memd"} == 1'), "the first scrape", deadline, train_step)[0]["metric"]["instance"]
         queries = dashboard_queries({"instance": ".*", "gpu": ".*", "__rate_interval": "1m"})
         queries += [(t, e) for t, e in dashboard_queries({"instance": instance, "gpu": "GPU-22222222-bbbb",
-                                                          "__rate_interval": "30s"}) if "uuid" in e]
+                                                          "__rate_interval": "30s"}) if "uuid" in e or "pool=~" in e]
         needs_machine = []
         for title, expr in queries:
             family_names = {re.sub(r"_bucket$", "", n) for n in re.findall(r"\bmemd_[a-z0-9_]+", expr)}

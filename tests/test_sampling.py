@@ -62,11 +62,17 @@ V1_MOUNTINFO = "35 31 0:32 / {root}/sys/fs/cgroup/memory rw,relatime - cgroup cg
 V2_MOUNTINFO = "41 31 0:38 / {root}/sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n"
 
 
+def mount_cgroup(root, version, membership, pid="self"):
+    """A fixture /proc that mounts cgroup v1 (memory) or v2 under root, with ``pid`` in
+    ``membership`` (the /proc/PID/cgroup text); returns the hierarchy's directory."""
+    write(root, "proc/self/mountinfo", (V1_MOUNTINFO if version == 1 else V2_MOUNTINFO).format(root=root))
+    write(root, "proc/%s/cgroup" % pid, membership)
+    return "sys/fs/cgroup/memory/" if version == 1 else "sys/fs/cgroup/"
+
+
 def test_cgroup_v1_limit_usage_and_working_set(tmp_path):
     root = str(tmp_path)
-    write(root, "proc/self/mountinfo", V1_MOUNTINFO.format(root=root))
-    write(root, "proc/self/cgroup", "4:memory:/slurm/job42\n0::/\n")
-    d = "sys/fs/cgroup/memory/slurm/job42/"
+    d = mount_cgroup(root, 1, "4:memory:/slurm/job42\n0::/\n") + "slurm/job42/"
     write(root, d + "memory.limit_in_bytes", "1073741824\n")
     write(root, d + "memory.usage_in_bytes", "600000000\n")
     write(root, d + "memory.stat", "hierarchical_memory_limit 1073741824\ntotal_inactive_file 100000000\n")
@@ -78,9 +84,7 @@ def test_cgroup_v1_limit_usage_and_working_set(tmp_path):
 
 def test_cgroup_v1_unlimited_is_none(tmp_path):
     root = str(tmp_path)
-    write(root, "proc/self/mountinfo", V1_MOUNTINFO.format(root=root))
-    write(root, "proc/self/cgroup", "4:memory:/\n")
-    d = "sys/fs/cgroup/memory/"
+    d = mount_cgroup(root, 1, "4:memory:/\n")
     write(root, d + "memory.stat", "hierarchical_memory_limit 9223372036854771712\ntotal_inactive_file 0\n")
     write(root, d + "memory.usage_in_bytes", "5\n")
     assert cgroup.read_cgroup(proc_root=root + "/proc").limit_bytes is None
@@ -88,9 +92,7 @@ def test_cgroup_v1_unlimited_is_none(tmp_path):
 
 def test_cgroup_v2_parent_limit_binds_and_events_pressure(tmp_path):
     root = str(tmp_path)
-    write(root, "proc/self/mountinfo", V2_MOUNTINFO.format(root=root))
-    write(root, "proc/1234/cgroup", "0::/kubepods/pod1/ctr\n")
-    base = "sys/fs/cgroup/"
+    base = mount_cgroup(root, 2, "0::/kubepods/pod1/ctr\n", pid=1234)
     write(root, base + "cgroup.controllers", "cpu memory pids\n")
     write(root, base + "kubepods/pod1/memory.max", "1073741824\n")
     write(root, base + "kubepods/pod1/memory.high", "max\n")
@@ -109,9 +111,7 @@ def test_cgroup_v2_parent_limit_binds_and_events_pressure(tmp_path):
 
 def test_cgroup_v2_without_memory_controller_is_none(tmp_path):
     root = str(tmp_path)
-    write(root, "proc/self/mountinfo", V2_MOUNTINFO.format(root=root))
-    write(root, "proc/self/cgroup", "0::/\n")
-    write(root, "sys/fs/cgroup/cgroup.controllers", "cpu pids\n")
+    write(root, mount_cgroup(root, 2, "0::/\n") + "cgroup.controllers", "cpu pids\n")
     assert cgroup.read_cgroup(proc_root=root + "/proc") is None
 
 
@@ -234,9 +234,7 @@ def test_memd_sample_pid_reports_the_tree_with_gpu_field():
 def test_cgroup_v1_unlimited_on_64k_page_kernels_is_none(tmp_path):
     """arm64/ppc64le kernels with 64 KiB pages round "no limit" down to 0x7FFFFFFFFFFF0000."""
     root = str(tmp_path)
-    write(root, "proc/self/mountinfo", V1_MOUNTINFO.format(root=root))
-    write(root, "proc/self/cgroup", "4:memory:/\n")
-    d = "sys/fs/cgroup/memory/"
+    d = mount_cgroup(root, 1, "4:memory:/\n")
     write(root, d + "memory.usage_in_bytes", "5\n")
     for unlimited, real in ((0x7FFFFFFFFFFF0000, 2 ** 40), (2 ** 62, 2 ** 62 - 2 ** 16)):
         write(root, d + "memory.stat", "hierarchical_memory_limit %d\ntotal_inactive_file 0\n" % unlimited)
@@ -359,11 +357,9 @@ def test_job_cgroup_is_the_jobs_own_not_the_daemons(tmp_path):
     root = str(tmp_path)
     proc = os.path.join(root, "proc")
     write(root, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")
-    write(root, "proc/self/mountinfo", V2_MOUNTINFO.format(root=root))
-    write(root, "proc/self/cgroup", "0::/system.slice/memd.service\n")
+    base = mount_cgroup(root, 2, "0::/system.slice/memd.service\n")
     fixture_process(proc, 42, 1, "trainer", rollup="Rss: 3000 kB\nPss: 2000 kB\n")
     write(root, "proc/42/cgroup", "0::/slurm/job7/step0\n")
-    base = "sys/fs/cgroup/"
     write(root, base + "cgroup.controllers", "cpu memory pids\n")
     write(root, base + "system.slice/memd.service/memory.max", "max\n")
     write(root, base + "system.slice/memd.service/memory.current", "50000000\n")

@@ -14,8 +14,7 @@ from typing import Callable, Counter, Dict, Optional, Tuple
 
 from memd.config import Config
 from memd.policy.pressure import PressureState
-from memd.sampling.snapshot import JobMemory
-from memd.sampling.snapshot import Snapshot
+from memd.sampling.snapshot import JobMemory, Snapshot
 from memd.sessions import Sessions
 from memd.state import StateStore
 

@@ -14,8 +14,7 @@ from memd.policy import budget, estimate
 from memd.policy.controller import Decision, decide
 from memd.policy.fit import Observation, Prior, fit
 from memd.policy.pressure import rank
-from memd.sampling.snapshot import JobMemory
-from memd.sampling.snapshot import DISCRETE, Snapshot
+from memd.sampling.snapshot import DISCRETE, JobMemory, Snapshot
 from memd.sessions import Session
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %

@@ -123,15 +123,19 @@ def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[
 
 def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> Pool:
     """The host pool as the job sees it: bounded by its own cgroup when that is smaller."""
-    capacity = snapshot.system.total_bytes
-    free = snapshot.system.available_bytes
     cg = job.cgroup if job is not None and job.cgroup is not None else container_cgroup(snapshot)
-    if cg is not None and cg.limit_bytes is not None and cg.limit_bytes < capacity:
-        used = cg.working_set_bytes if cg.working_set_bytes is not None else (cg.usage_bytes or 0)
-        capacity = cg.limit_bytes
-        free = min(free, max(0, cg.limit_bytes - used))
+    capacity, free = bounded_by(cg, snapshot.system.total_bytes, snapshot.system.available_bytes)
     own = job.host_bytes if job is not None else None
     return Pool(HOST, snapshot.memory_model, capacity, free, own, host_margin(capacity, cfg))
+
+
+def bounded_by(cg: Optional[Cgroup], capacity: int, free: int) -> Tuple[int, int]:
+    """(capacity, free) of host memory as seen from inside ``cg``: its limit, when smaller, is
+    the capacity, and what it may still take (limit minus working set) bounds the free bytes."""
+    if cg is None or cg.limit_bytes is None or cg.limit_bytes >= capacity:
+        return capacity, free
+    used = cg.working_set_bytes if cg.working_set_bytes is not None else (cg.usage_bytes or 0)
+    return cg.limit_bytes, min(free, max(0, cg.limit_bytes - used))
 
 
 def container_cgroup(snapshot: Snapshot) -> Optional[Cgroup]:

@@ -425,7 +425,8 @@ def transformer_line(layers: int, d_model: int, heads: int, vocab: int, seq_len:
                   checkpointing=checkpointing, attention=attention, device=device)
     one = transformer(batch=1, **kwargs)
     far = 1 << 20
-    per_sample = max(1, -(-(transformer(batch=2 * far, **kwargs).peak_bytes - transformer(batch=far, **kwargs).peak_bytes) // far))
+    growth = transformer(batch=2 * far, **kwargs).peak_bytes - transformer(batch=far, **kwargs).peak_bytes
+    per_sample = max(1, -(-growth // far))  # rounded up: the line must stay above the peak
     batch_free = one.weights_bytes + one.grads_bytes + one.optimizer_bytes + one.step_temp_bytes
     return one, max(batch_free, one.peak_bytes - per_sample), per_sample
 

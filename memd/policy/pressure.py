@@ -13,7 +13,7 @@ from typing import Optional
 from memd.client.plan import PRESSURE_LEVELS
 
 from memd.config import PolicyConfig
-from memd.policy.budget import container_cgroup
+from memd.policy.budget import bounded_by, container_cgroup
 from memd.sampling.snapshot import Snapshot
 
 EXIT_SCALE = 0.8
@@ -37,11 +37,8 @@ class PressureState:
 
 def host_signals(snapshot: Snapshot) -> Signals:
     """The host pool's signals; a container's cgroup (see budget.container_cgroup) narrows them."""
-    total, available = snapshot.system.total_bytes, snapshot.system.available_bytes
     cg = container_cgroup(snapshot)
-    if cg is not None and cg.limit_bytes is not None and cg.limit_bytes < total:
-        used = cg.working_set_bytes if cg.working_set_bytes is not None else cg.usage_bytes or 0
-        total, available = cg.limit_bytes, min(available, max(0, cg.limit_bytes - used))
+    total, available = bounded_by(cg, snapshot.system.total_bytes, snapshot.system.available_bytes)
     psi = snapshot.pressure
     if cg is not None and cg.pressure is not None:
         psi = cg.pressure  # the cgroup's own stalls are the ones this job will feel

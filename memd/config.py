@@ -23,10 +23,13 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class PolicyConfig:
     """Thresholds and moves of the controller (docs/policy.md gives each one's source)."""
-    margin_ratio: float = 0.03  # of a pool's capacity, kept free on top of the learned (upper-bound) peak
-    margin_min_bytes: int = 512 * 1024 ** 2
-    # Kept for the OS on a shared (unified or cpu) pool, where the OOM killer, not an exception,
-    # meets a job that overshoots: seed 000's 8 GB, at most os_reserve_max_ratio of the pool.
+    # Kept free on top of the learned (upper-bound) peak, for what no report shows: kernel
+    # memory, allocator rounding, others' growth between samples. The job's own spread is in
+    # the curve, so this stays small: 1 % of the pool, at least 16 MiB.
+    margin_ratio: float = 0.01
+    margin_min_bytes: int = 16 * 1024 ** 2
+    # Kept for the OS out of the machine's RAM (never out of a job's own cgroup, where no OS
+    # lives): seed 000's 8 GB, at most os_reserve_max_ratio of the RAM.
     os_reserve_bytes: int = 8 * 10 ** 9
     os_reserve_max_ratio: float = 0.10
     elevated_some_avg10: float = 0.10  # PSI "some" ratio: tasks stalled on memory 10 % of the time

@@ -185,13 +185,13 @@ def test_a_report_newer_than_the_snapshot_is_not_counted_twice(tmp_path):
     """The snapshot's free memory already excludes what the job held when it was taken; a peak
     reported after it must not be added back as if it were still free to reuse."""
     from memd import ops
-    from memd.policy.budget import host_margin
+    from memd.policy.budget import margin, os_reserve
 
     core = _core_with_host(tmp_path, 32 * GB)
     token = ops.hello(core, dict(job="a", pid=1, host="remote", min_batch=1, default_batch=8))["token"]
     ops.report(core, {"token": token, "batch_size": 8, "peak_bytes": 8 * GB})
     session = core.sessions.get(token)
-    room = host_margin(64 * GB, core.config.policy)
+    room = os_reserve(64 * GB, core.config.policy) + margin(64 * GB, core.config.policy)
     # The only snapshot is older than the report: what the job held then is unknown, so the
     # plan is kept until a newer sample arrives, and never budgeted from free + the new peak.
     assert session.plan.batch_size == 8 and "no reports yet" in session.plan.reason

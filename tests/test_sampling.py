@@ -75,11 +75,14 @@ def test_cgroup_v1_limit_usage_and_working_set(tmp_path):
     d = mount_cgroup(root, 1, "4:memory:/slurm/job42\n0::/\n") + "slurm/job42/"
     write(root, d + "memory.limit_in_bytes", "1073741824\n")
     write(root, d + "memory.usage_in_bytes", "600000000\n")
-    write(root, d + "memory.stat", "hierarchical_memory_limit 1073741824\ntotal_inactive_file 100000000\n")
+    write(root, d + "memory.stat", "hierarchical_memory_limit 1073741824\ntotal_inactive_file 100000000\n"
+          "total_active_file 150000000\ntotal_mapped_file 40000000\n")
     write(root, d + "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     cg = cgroup.read_cgroup(proc_root=root + "/proc")
     assert (cg.version, cg.path, cg.limit_bytes, cg.usage_bytes) == (1, "/slurm/job42", 1073741824, 600000000)
     assert cg.working_set_bytes == 500000000 and cg.oom_kill_events == 2
+    # Page cache nobody maps, active or not, is what the kernel takes back before it kills.
+    assert cg.reclaimable_bytes == 100000000 + 150000000 - 40000000
 
 
 def test_cgroup_v1_unlimited_is_none(tmp_path):
@@ -99,12 +102,14 @@ def test_cgroup_v2_parent_limit_binds_and_events_pressure(tmp_path):
     write(root, base + "kubepods/pod1/ctr/memory.max", "max\n")
     write(root, base + "kubepods/pod1/ctr/memory.high", "900000000\n")
     write(root, base + "kubepods/pod1/ctr/memory.current", "700000000\n")
-    write(root, base + "kubepods/pod1/ctr/memory.stat", "anon 500000000\ninactive_file 150000000\n")
+    write(root, base + "kubepods/pod1/ctr/memory.stat", "anon 500000000\ninactive_file 150000000\n"
+          "active_file 30000000\nfile_mapped 20000000\n")
     write(root, base + "kubepods/pod1/ctr/memory.events", "low 0\nhigh 4\nmax 9\noom 2\noom_kill 1\n")
     write(root, base + "kubepods/pod1/ctr/memory.pressure", PSI)
     cg = cgroup.read_cgroup(1234, proc_root=root + "/proc")
     assert (cg.version, cg.limit_bytes, cg.high_bytes) == (2, 1073741824, 900000000)
     assert (cg.usage_bytes, cg.working_set_bytes) == (700000000, 550000000)
+    assert cg.reclaimable_bytes == 150000000 + 30000000 - 20000000
     assert (cg.oom_events, cg.oom_kill_events) == (2, 1)
     assert cg.pressure.some_avg10 == 0.125
 
@@ -374,3 +379,20 @@ def test_job_cgroup_is_the_jobs_own_not_the_daemons(tmp_path):
     assert job.alive and job.errors == ()
     assert (job.cgroup.path, job.cgroup.limit_bytes) == ("/slurm/job7/step0", 2 * 2 ** 30)
     assert job.cgroup.working_set_bytes == 1000000000
+    # The trainer's own RSS comes from statm, read right beside the cgroup's usage.
+    assert job.trainer_rss_bytes == 420 * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_real_jobs_rss_is_read_with_its_cgroup():
+    """A process holding 200 MB: the job read gives its resident set beside its cgroup."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(200 * 2 ** 20)\n"
+                              "for i in range(0, len(b), 4096): b[i] = 1\nprint('ready', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        job = Sampler(apple_silicon=False).job(child.pid)
+        assert 200 * 2 ** 20 <= job.trainer_rss_bytes <= 260 * 2 ** 20
+        assert abs(job.trainer_rss_bytes - procs.read_rss(child.pid)) < 2 ** 20
+    finally:
+        child.kill()
+        child.wait()

@@ -2,9 +2,15 @@
 
 discrete:     the job's GPU (matched by UUID): device total minus what others use.
 unified, cpu: one pool for everything: min(host RAM, the job's cgroup limit), minus every
-              other process, the job's own dataloader workers included, and an OS reserve.
+              other process, the job's own dataloader workers included.
 In both, the job may grow to what it holds now (in the units it reports) plus what is free,
-minus a safety margin and minus the growth already promised to other sessions in the pool.
+minus a margin and minus the growth already promised to other sessions in the pool.
+
+What is held back depends on who owns the pool. The machine's RAM keeps an OS reserve (the
+OS and the desktop live there); a job's own cgroup has no OS in it, so its room is the limit
+minus what the group cannot give back (page cache nobody maps is reclaimed before a kill).
+The margin is small: the learned curve already carries the spread of this job's own peaks,
+so the margin only covers what no report shows (kernel memory, others' growth between samples).
 """
 from __future__ import annotations
 
@@ -72,9 +78,14 @@ def margin(capacity: int, cfg: PolicyConfig) -> int:
     return max(int(capacity * cfg.margin_ratio), cfg.margin_min_bytes)
 
 
-def host_margin(capacity: int, cfg: PolicyConfig) -> int:
-    """A shared pool's margin keeps an OS reserve too: there the OOM killer meets an overshoot."""
-    return max(margin(capacity, cfg), min(cfg.os_reserve_bytes, int(cfg.os_reserve_max_ratio * capacity)))
+def os_reserve(host_total: int, cfg: PolicyConfig) -> int:
+    """What the OS keeps of the machine's RAM (seed 000's 8 GB, at most a share of the RAM)."""
+    return min(cfg.os_reserve_bytes, int(cfg.os_reserve_max_ratio * host_total))
+
+
+def host_free(total: int, available: int, cfg: PolicyConfig) -> int:
+    """The machine's available RAM less the OS reserve: what jobs may take of it."""
+    return max(0, available - os_reserve(total, cfg))
 
 
 def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Optional[str] = None,
@@ -122,20 +133,35 @@ def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[
 
 
 def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> Pool:
-    """The host pool as the job sees it: bounded by its own cgroup when that is smaller."""
+    """The host pool as the job sees it: bounded by its own cgroup when that is smaller.
+
+    What the job holds is the trainer's own resident set, read with its cgroup's usage in one
+    pass (Sampler.job), so free and held describe the same instant and the same units as its
+    peaks (VmHWM): file pages it maps but another group was charged for are in both, and its
+    workers' memory stays with the others, in use.
+    """
     cg = job.cgroup if job is not None and job.cgroup is not None else container_cgroup(snapshot)
-    capacity, free = bounded_by(cg, snapshot.system.total_bytes, snapshot.system.available_bytes)
-    own = job.host_bytes if job is not None else None
-    return Pool(HOST, snapshot.memory_model, capacity, free, own, host_margin(capacity, cfg))
+    total = snapshot.system.total_bytes
+    capacity, free = bounded_by(cg, total, host_free(total, snapshot.system.available_bytes, cfg))
+    own = job.trainer_rss_bytes if job is not None else None
+    return Pool(HOST, snapshot.memory_model, capacity, free, own, margin(capacity, cfg))
 
 
 def bounded_by(cg: Optional[Cgroup], capacity: int, free: int) -> Tuple[int, int]:
     """(capacity, free) of host memory as seen from inside ``cg``: its limit, when smaller, is
-    the capacity, and what it may still take (limit minus working set) bounds the free bytes."""
+    the capacity, and what the group may still take (its limit minus what it cannot give back)
+    bounds the free bytes."""
     if cg is None or cg.limit_bytes is None or cg.limit_bytes >= capacity:
         return capacity, free
-    used = cg.working_set_bytes if cg.working_set_bytes is not None else (cg.usage_bytes or 0)
-    return cg.limit_bytes, min(free, max(0, cg.limit_bytes - used))
+    return cg.limit_bytes, min(free, max(0, cg.limit_bytes - unreclaimable(cg)))
+
+
+def unreclaimable(cg: Cgroup) -> int:
+    """What the group holds that the kernel cannot take back before killing: usage minus the
+    page cache nobody maps (working set, as cAdvisor, when that is not reported)."""
+    if cg.reclaimable_bytes is not None and cg.usage_bytes is not None:
+        return max(0, cg.usage_bytes - cg.reclaimable_bytes)
+    return cg.working_set_bytes if cg.working_set_bytes is not None else (cg.usage_bytes or 0)
 
 
 def container_cgroup(snapshot: Snapshot) -> Optional[Cgroup]:

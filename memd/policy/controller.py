@@ -21,7 +21,7 @@ from typing import List, Optional
 from memd.client.plan import Plan, split_batch
 from memd.config import PolicyConfig
 
-from .budget import Pool, host_margin
+from .budget import Pool, host_free, margin
 from .fit import Curve
 from .pressure import rank
 
@@ -183,7 +183,7 @@ _UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))
 
 
 def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[Pool], level: str,
-             host_total: Optional[int], host_free: Optional[int], budget: Optional[int], curve: Optional[Curve],
+             host_total: Optional[int], host_available: Optional[int], budget: Optional[int], curve: Optional[Curve],
              batch: int, cfg: PolicyConfig):
     """(num_workers, prefetch_factor, note)."""
     measured = [b for b in (worker_bytes or []) if b > 0]
@@ -196,7 +196,8 @@ def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[P
         if shared_pool and budget is not None and curve is not None:
             spare = budget - curve.peak(batch)  # workers compete with the batch: batch first
         else:
-            spare = (host_free or 0) - host_margin(host_total or 0, cfg)  # workers live in host RAM
+            # Workers live in host RAM, which keeps its OS reserve and a margin.
+            spare = host_free(host_total or 0, host_available or 0, cfg) - margin(host_total or 0, cfg)
         affordable = max(0, len(measured) + int(spare // per_worker))
         if affordable < wanted:
             # Memory, not the job, limits the workers: each also keeps fewer batches in flight

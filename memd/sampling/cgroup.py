@@ -3,7 +3,9 @@
 A job in a container, a Slurm step or a Kubernetes pod is bounded by its own cgroup, not by the
 host's RAM, so the budget must come from here. The effective limit is the smallest along the
 path to the root (a parent's limit binds its children). Working set is usage minus inactive
-file pages, as cAdvisor and the kubelet compute it: what the kernel cannot cheaply reclaim.
+file pages, as cAdvisor and the kubelet compute it (exported as such); reclaimable is the page
+cache nobody maps, active or not, which the kernel takes back before it kills anything in the
+group: a budget counts it as free.
 """
 from __future__ import annotations
 
@@ -111,6 +113,7 @@ def _read_v1(mount: _Mount, cgpath: str) -> Cgroup:
         limit_bytes=None if limit is None or limit >= _V1_UNLIMITED else limit,
         usage_bytes=usage,
         working_set_bytes=_working_set(usage, inactive),
+        reclaimable_bytes=_reclaimable(stat, "total_active_file", "total_inactive_file", "total_mapped_file"),
         oom_kill_events=oom.get("oom_kill"),
     )
 
@@ -146,6 +149,7 @@ def _read_v2(mount: _Mount, cgpath: str) -> Cgroup:
         usage_bytes=usage,
         high_bytes=high,
         working_set_bytes=_working_set(usage, stat.get("inactive_file")),
+        reclaimable_bytes=_reclaimable(stat, "active_file", "inactive_file", "file_mapped"),
         oom_events=events.get("oom"),
         oom_kill_events=events.get("oom_kill"),
         pressure=pressure,
@@ -171,6 +175,13 @@ def _working_set(usage: Optional[int], inactive_file: Optional[int]) -> Optional
     if usage is None:
         return None
     return max(0, usage - (inactive_file or 0))
+
+
+def _reclaimable(stat: Dict[str, int], active: str, inactive: str, mapped: str) -> Optional[int]:
+    """Page cache no process maps (file LRU pages minus mapped ones); None when not reported."""
+    if active not in stat or inactive not in stat:
+        return None
+    return max(0, stat[active] + stat[inactive] - stat.get(mapped, 0))
 
 
 def _int_file(path: str, missing_ok: bool = False) -> Optional[int]:

@@ -92,7 +92,9 @@ class Sampler:
         tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=gpu_bytes_by_pid(gpus))
         errors.extend(tree.errors)
         cg = _guard(errors, "cgroup", cgroup.read_cgroup, pid, self.proc_root) if tree.processes else None
-        return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock())
+        rss = procs.read_rss(pid, self.proc_root) if tree.processes else None  # right after the cgroup's usage
+        return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock(),
+                         trainer_rss_bytes=rss)
 
     def _system(self, errors: Errors):
         try:

@@ -43,6 +43,7 @@ class Cgroup:
     usage_bytes: Optional[int]
     high_bytes: Optional[int] = None  # v2 memory.high; None when unlimited or v1
     working_set_bytes: Optional[int] = None  # usage minus inactive file pages, as cAdvisor
+    reclaimable_bytes: Optional[int] = None  # page cache no process maps: reclaimed before any kill
     oom_events: Optional[int] = None  # times the limit was hit and reclaim failed
     oom_kill_events: Optional[int] = None
     pressure: Optional[Pressure] = None  # v2 memory.pressure
@@ -107,29 +108,19 @@ class JobMemory:
     cgroup: Optional[Cgroup]
     errors: Tuple[Tuple[str, str], ...]
     monotonic: float
+    # The trainer's resident set, read right beside the cgroup's usage (the tree's slower read
+    # lags a growing step by tens of MB): with it, free and held describe one instant.
+    trainer_rss_bytes: Optional[int] = None
 
     @property
     def alive(self) -> bool:
         return any(p.pid == self.pid for p in self.processes)
 
     @property
-    def host_bytes(self) -> Optional[int]:
-        """The tree's real footprint: PSS where readable (shared pages counted once), else RSS."""
-        if not self.processes:
-            return None
-        return sum(_footprint(p) for p in self.processes)
-
-    @property
     def worker_bytes(self) -> List[int]:
         """What each descendant alone holds (USS, else RSS): the cost of one more worker."""
         return [p.uss_bytes if p.uss_bytes is not None else (p.rss_bytes or 0)
                 for p in self.processes if p.pid != self.pid]
-
-
-def _footprint(p: ProcessMemory) -> int:
-    if p.pss_bytes is not None:
-        return p.pss_bytes
-    return p.rss_bytes or 0
 
 
 def as_json(snapshot: Snapshot) -> Dict[str, Any]:

@@ -40,6 +40,15 @@ class PolicyConfig:
     oom_cut: float = 0.25  # cut the batch by this share after an OOM (seed 000)
     stable_steps: int = 10  # clean steps before growing back toward an OOM ceiling
     max_growth: float = 2.0  # one move at most multiplies the batch by this
+    # How far one step's peak may rise above the job's typical peak at its batch, assumed until
+    # the job's reports show its own spread. Host RAM: glibc's peaks of one batch are bimodal,
+    # the upper mode up to 7 % up and seen in streaks (measured, docs/results.md); a GPU's
+    # caching allocator is steadier (not yet measured on hardware: the earlier 2 % assumption).
+    peak_spread_host: float = 0.07
+    peak_spread_gpu: float = 0.02
+    # Growth smaller than this share of the batch is not worth a change: each change costs the
+    # job a DataLoader rebuild and leaves the old batch's memory in its allocator.
+    min_gain: float = 0.03
     plan_fresh_seconds: float = 1.0  # how long a client may serve a plan from its cache
 
 
@@ -169,7 +178,7 @@ def validate(config: Config) -> None:
         parse_address(config.metrics_address)
     p = config.policy
     for name in ("margin_ratio", "os_reserve_max_ratio", "elevated_some_avg10", "high_some_avg10", "critical_full_avg10",
-                 "critical_available_ratio", "oom_cut"):
+                 "critical_available_ratio", "oom_cut", "min_gain", "peak_spread_host", "peak_spread_gpu"):
         if not 0 <= getattr(p, name) < 1:
             raise ConfigError("config key 'policy.%s' must be a ratio in [0, 1)" % name)
     if not p.elevated_some_avg10 <= p.high_some_avg10:

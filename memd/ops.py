@@ -105,8 +105,8 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     if peak is None:
         peak = _measure_peak(core, session)
     if peak:
-        observation = Observation(batch, peak, base)
-        if not session.observations:
+        observation = Observation(batch, peak, base, warmup=not session.observations)
+        if len(session.observations) == 1:  # the first report after the warm-up step
             check_remembered(session, observation)
         session.observations.append(observation)
         session.latest_peak, session.latest_batch = peak, batch
@@ -180,7 +180,8 @@ def remember(core: Core, session: Session) -> None:
     if snapshot is None or session.pool is None or (not session.observations and session.state.ceiling is None):
         return
     pool = pool_for(session, snapshot, core.jobs.get(session.pid), core.config.policy)
-    core.store.remember(session.job, pool_key(pool, snapshot), list(session.observations), session.state.ceiling)
+    learned = [o for o in session.observations if not o.warmup]
+    core.store.remember(session.job, pool_key(pool, snapshot), learned, session.state.ceiling)
 
 
 def _decide(core: Core, session: Session):

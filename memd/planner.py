@@ -12,7 +12,7 @@ from typing import Dict, Iterable, Optional
 from memd.config import PolicyConfig
 from memd.policy import budget, estimate
 from memd.policy.controller import Decision, decide
-from memd.policy.fit import Observation, Prior, fit
+from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, JobMemory, Snapshot
 from memd.sessions import Session
@@ -61,12 +61,13 @@ def share_for(session: Session, pool: budget.Pool, greedy: int, sessions: Iterab
     return budget.fair_share(room, session.peak_held_at(at), held)
 
 
-def curve_for(session: Session):
-    """The session's curve. A remembered curve joins the fit once the job's first report agrees
-    with it (check_remembered); before that it is only a prior, so it can lower the first plan
-    but never jump it."""
-    if session.observations:
-        return fit(list(session.remembered) + list(session.observations), session.prior)
+def curve_for(session: Session, noise: float = NOISE, kills: bool = False):
+    """The session's curve (``noise``: the peak spread assumed for its pool until its reports
+    show their own; ``kills``: an overshoot there is a kill, see fit). A remembered curve joins
+    the fit once the job's first report agrees with it (check_remembered); before that it is
+    only a prior, so it can lower the first plan but never jump it."""
+    if any(not o.warmup for o in session.observations):
+        return fit(list(session.remembered) + list(session.observations), session.prior, noise, kills)
     remembered = fit(session.remembered) if session.remembered else None
     if remembered is not None:
         return fit([], Prior(int(remembered.fixed_bytes), int(remembered.per_sample_bytes), "remembered"))
@@ -100,7 +101,10 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
         # then is unknown, so free memory cannot be paired with it. Keep the plan for the
         # moment until the next sample (an interval away) sees the job's memory.
         return Decision(session.plan, session.state, session.budget_bytes, session.predicted_peak_bytes)
-    curve = curve_for(session)
+    # A GPU's caching allocator may reserve more than a step needs (and an OOM there can be
+    # caught); in host or unified memory every reported byte was used, and an overshoot kills.
+    kills = pool.kind != DISCRETE
+    curve = curve_for(session, cfg.peak_spread_gpu if pool.kind == DISCRETE else cfg.peak_spread_host, kills)
     # A job that ran on a GPU whose memory cannot be read now (lost, driver down) must not be
     # budgeted from host RAM, which may be far larger: no budget, so the plan holds.
     gpu_gone = session.pool not in (None, budget.HOST) and pool.name != session.pool

@@ -78,6 +78,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
+    if current is not None and current < limit < current * (1 + cfg.min_gain):
+        limit, reason = current, "keeping %d: %d would fit, a gain under %.0f %% is not worth a change of batch" % (
+            current, limit, 100 * cfg.min_gain)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -143,6 +146,10 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     if limits.max_batch is not None:
         start = min(start, limits.max_batch)
     if curve is None or budget is None:
+        if curve is None and latest_batch is not None:
+            # Only the first step reported: optimizers allocate their state on it.
+            return current or start, "keeping %d: the first step's peak leaves out the optimizer's state; " \
+                "learning from the second" % (current or start)
         if current is not None and current != start:
             return current, "keeping %d: no memory curve yet" % current
         return start, "starting at %d: no reports yet" % start

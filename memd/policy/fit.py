@@ -29,6 +29,11 @@ NOISE = 0.02  # assumed relative noise of one peak report before the job shows i
 Z = 2.0  # standard errors of the fitted line added to the prediction
 PRIOR_POINTS = 3  # weight of the assumed noise against the residuals the job shows
 HIGH = 0.9  # the quantile of a step's excess over the middle line that the headroom covers
+# The assumed spread gives way to what the job shows: at most SHOWN_K times the widest range
+# of its reports at one batch size (once SHOWN reports there). Never fading by count alone: a
+# peak's upper mode comes in streaks (a real job was killed after 5 low reports at one batch;
+# its tail stood 1.4x, another's 1.8x, the range the reports had shown by then).
+SHOWN, SHOWN_K = 3, 2.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,9 @@ class Observation:
     batch: int
     peak_bytes: int
     base_bytes: Optional[int] = None  # memory held between steps (weights, optimizer), if known
+    # A session's first step: optimizers allocate their state on it (AdamW: twice the trained
+    # parameters), so its peak may be far below the job's. Never fitted once a later one exists.
+    warmup: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,9 @@ class Curve:
     # band stays at its narrowest, so the prediction never falls as the batch grows.
     band: Tuple[float, int, float, float] = (0.0, 1, 0.0, 0.0)
     cap: Optional[Tuple[float, float]] = None  # (fixed, per_sample) of a line known to lie above
+    # An overshoot is a kill (host RAM, unified memory), not a catchable error: a peak seen at a
+    # batch, or at a smaller one, is a floor for the prediction there, never forgiven as a spike.
+    kills: bool = False
 
     def line(self, batch: float) -> float:
         zs, n, mean, sxx = self.band
@@ -64,15 +75,24 @@ class Curve:
     def peak(self, batch: int) -> float:
         # A report can sit noise below the truth and the next step noise above it: 2 x noise.
         seen = [top * (1 + 2 * self.noise) for s, top in self.observed if s >= batch]
-        return min([self.line(batch)] + seen)
+        predicted = min([self.line(batch)] + seen)
+        return max(predicted, self.floor(batch))
+
+    def floor(self, batch: int) -> float:
+        """What a step at ``batch`` has been seen to reach (0 unless ``kills``): peaks grow with
+        the batch, so the highest report at this batch or any smaller one."""
+        if not self.kills:
+            return 0.0
+        return max((top for s, top in self.observed if s <= batch), default=0.0)
 
     def max_batch(self, budget_bytes: float) -> int:
         """The largest batch whose predicted peak fits ``budget_bytes`` (0 when none does). A
         batch whose highest report, plus the noise, fits is kept whatever the line says: the
         budget already keeps a margin free, and the line may be unsure of a slope that the noise
         hides."""
-        fits = _largest(lambda b: self.line(b) <= budget_bytes)
-        seen = [s for s, top in self.observed if top * (1 + self.noise) <= budget_bytes and s > fits]
+        fits = _largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes)
+        seen = [s for s, top in self.observed
+                if top * (1 + self.noise) <= budget_bytes and s > fits and self.floor(s) <= budget_bytes]
         return max(seen + [fits])
 
 
@@ -102,18 +122,31 @@ class Prior:
     source: str = "hints"
 
 
-def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, noise: float = NOISE) -> Optional[Curve]:
-    points = aggregate(observations)
+def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, noise: float = NOISE,
+        kills: bool = False) -> Optional[Curve]:
+    """The curve through ``observations``; ``kills``: an overshoot is a kill, so no report is
+    forgiven as a spike and a seen peak floors the prediction (Curve.floor). A warm-up
+    observation counts only while it is the only one: then nothing is fitted."""
+    observations = [o for o in observations if not o.warmup]
+    points = aggregate(observations, forgive_spikes=not kills)
     if not points:
         if prior is None:
             return None
-        return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0)
+        return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0, kills=kills)
     base = _base(observations)
+    noise = assumed_spread(points, noise)
     if len(points) == 1:
         curve = _one_point(points[0], base, prior)
     else:
-        curve = _line(_without_spiked_batch(points, noise), base, noise)
-    return replace(curve, observed=tuple((p.batch, p.top) for p in points), noise=noise)
+        curve = _line(points if kills else _without_spiked_batch(points, noise), base, noise, 1.0 if kills else HIGH)
+    return replace(curve, observed=tuple((p.batch, p.top) for p in points), noise=noise, kills=kills)
+
+
+def assumed_spread(points: Sequence["Point"], noise: float) -> float:
+    """The spread to assume above a step's typical peak: ``noise`` until the job shows its own,
+    then at most SHOWN_K times the widest range of its reports at one batch size."""
+    shown = [(p.peaks[-1] - p.peaks[0]) / p.middle for p in points if len(p.peaks) >= SHOWN and p.middle > 0]
+    return min(noise, SHOWN_K * max(shown)) if shown else noise
 
 
 class Point(NamedTuple):
@@ -130,13 +163,14 @@ class Point(NamedTuple):
         return float(statistics.median(self.peaks))
 
 
-def aggregate(observations: Iterable[Observation]) -> List[Point]:
+def aggregate(observations: Iterable[Observation], forgive_spikes: bool = True) -> List[Point]:
     """The credible reports per batch size, ascending by batch."""
     by_batch: Dict[int, List[int]] = {}
     for obs in observations:
         if obs.batch >= 1 and obs.peak_bytes > 0:
             by_batch.setdefault(obs.batch, []).append(obs.peak_bytes)
-    return [Point(batch, tuple(sorted(_without_isolated_spike(by_batch[batch])))) for batch in sorted(by_batch)]
+    keep = _without_isolated_spike if forgive_spikes else list
+    return [Point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
 
 
 def _without_isolated_spike(peaks: List[int]) -> List[int]:
@@ -212,7 +246,7 @@ def _one_point(point: Point, base: Optional[float], prior: Optional[Prior]) -> C
     return Curve(0.0, peak / batch, "bound", 1, 0.25)
 
 
-def _line(points: List[Point], base: Optional[float], noise: float) -> Curve:
+def _line(points: List[Point], base: Optional[float], spread: float, high: float = HIGH) -> Curve:
     """The middle line through the batch sizes' median reports, raised by the headroom a step
     needs above it (a high quantile of the reports' excess, robust to rare spikes) and widened
     by the line's confidence band."""
@@ -228,16 +262,17 @@ def _line(points: List[Point], base: Optional[float], noise: float) -> Curve:
     # as it reports more, never below a tenth of the assumed level.
     residual2 = sum(k * (y - (my + slope * (x - mx))) ** 2 for k, x, y in zip(ws, xs, ys))
     residual2 += sum((peak - statistics.fmean(p.peaks)) ** 2 for p in points for peak in p.peaks)
-    sigma = max(math.sqrt((PRIOR_POINTS * (noise * my) ** 2 + residual2) / (PRIOR_POINTS + w - 2)), noise * my / 10)
+    sigma = max(math.sqrt((PRIOR_POINTS * (NOISE * my) ** 2 + residual2) / (PRIOR_POINTS + w - 2)), NOISE * my / 10)
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
     confidence = slope / (slope + Z * se) if slope + Z * se > 0 else 1.0  # 1 when the data pin the slope down
     middle = lambda x: my + slope * (x - mx)  # noqa: E731
-    # Headroom of one step over the middle line: the 90th percentile of the reports' excess
-    # (rare spikes above it are ignored), blended with the assumed noise while reports are few.
+    # Headroom of one step over the middle line: the ``high`` quantile of the reports' excess
+    # (the 90th, ignoring rare spikes, where an overshoot can be caught; the highest where it
+    # kills), and never less than the spread assumed (assumed_spread).
     excess = sorted(peak / middle(p.batch) - 1 for p in points for peak in p.peaks)
-    seen = max(0.0, excess[min(len(excess) - 1, int(HIGH * len(excess)))])
-    headroom = (PRIOR_POINTS * noise + len(excess) * seen) / (PRIOR_POINTS + len(excess))
+    seen = max(0.0, excess[min(len(excess) - 1, int(high * len(excess)))])
+    headroom = max(seen, spread)
     cap = None
     if base is not None:
         # Memory held between steps is batch-independent: (peak - base) / batch bounds

@@ -260,3 +260,35 @@ def test_a_daemon_killed_outright_keeps_what_live_sessions_learned(start_memd):
         time.sleep(FRESH)
         plan = s.plan()
     assert "fit from" in plan.reason and plan.batch_size > 8, plan  # the two batch sizes of the killed run
+
+
+SUGGEST_LOOP = r"""
+import json, sys
+from memd import client
+batches = []
+for step in range(12):
+    bs = client.suggest_batch(default=4, max_batch=64)
+    batches.append(bs)
+    work = bytearray(bs * 4 * 2 ** 20)          # a step whose memory follows its batch
+    work[::4096] = b"x" * len(work[::4096])
+    del work
+print(json.dumps(batches))
+"""
+
+
+def test_suggest_batch_alone_learns_from_steps_the_daemon_measures(memd):
+    """Called once a step with nothing reported: each call counts the last step, the daemon
+    measures it (the process's peak), and the suggestion leaves the default for what fits."""
+    import json
+    import subprocess
+    import sys
+
+    from realdaemon import memd_env
+
+    out = subprocess.run([sys.executable, "-c", SUGGEST_LOOP], env=memd_env({"MEMD_ENDPOINT": memd.endpoint}),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    batches = json.loads(out.stdout)
+    # Without a curve the plan would stay at the default: growth means the steps were measured.
+    assert batches[0] == 4 and batches[-1] == 64, batches  # the host has room for max_batch
+    assert all(a <= b for a, b in zip(batches, batches[1:])), batches  # it only grew

@@ -27,9 +27,10 @@ from typing import Any, Deque, Dict, Optional
 import zmq
 
 from . import protocol
+from .heap import trim_heap
 from .plan import Plan, fallback_plan, split_batch
 
-__all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable"]
+__all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable", "trim_heap"]
 
 # Plain ints: pyzmq's enum flags cost a conversion per call, and these are on the hot path.
 _NOBLOCK, _EVENTS, _POLLIN, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVTIMEO)
@@ -229,6 +230,8 @@ class Session:
         self._ids = 0
         self._ceiling: Optional[int] = None
         self._pending: Deque = collections.deque(maxlen=_PENDING_REPORTS)
+        self._suggested: Optional[int] = None  # suggest_batch's last batch, not yet reported
+        self._last_suggested: Optional[int] = None  # suggest_batch's last answer
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
@@ -405,6 +408,14 @@ class Session:
                 return
             self._pending.popleft()
 
+    def _step_done(self) -> None:
+        """suggest_batch's implicit report: the step since its last call ran at the batch it
+        suggested then (one the daemon made: a fallback step was never the daemon's to
+        measure), and the daemon measures what it cost."""
+        if self._suggested is not None:
+            batch, self._suggested = self._suggested, None
+            self.report(batch)
+
     def _failed(self) -> None:
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, _BACKOFF_MAX)
@@ -526,11 +537,24 @@ _process_lock = threading.Lock()
 def suggest_batch(default: int, **session_kwargs: Any) -> int:
     """The batch size to use now, as an int; ``default`` if anything at all goes wrong.
 
-    One Session is created lazily per process (the first call's keyword arguments configure it)
-    and reused by later calls; report to it through ``memd.client.session()``.
+    Call it once per training step. Each call after the first tells the daemon that the step
+    since the last call ran clean at the batch it suggested then, and the daemon measures what
+    that step cost (the job's peak memory since the previous call), so the suggestions follow
+    the job's real memory curve with no report from the caller. When the answer changes, the C
+    heap's free pages go back to the kernel first (``trim_heap``), so the new batch is not
+    charged for the old one's. One Session is created lazily per process (the first call's
+    keyword arguments configure it); ``memd.client.session()`` returns it, to report an
+    out-of-memory error with ``report_oom``.
     """
     try:
-        return session(default_batch=default, **session_kwargs).plan().batch_size
+        s = session(default_batch=default, **session_kwargs)
+        s._step_done()
+        plan = s.plan()
+        if s._last_suggested is not None and plan.batch_size != s._last_suggested:
+            trim_heap()
+        s._last_suggested = plan.batch_size
+        s._suggested = plan.batch_size if plan.source == "daemon" else None
+        return plan.batch_size
     except Exception:
         return default
 

@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from dataclasses import replace
 from typing import Any, Dict, Iterator, Optional
 
 from . import Session
+from .heap import trim_heap
 from .plan import PRESSURE_LEVELS, Plan, split_batch
 
 __all__ = ["agree", "agreed_plan", "guarded_step", "StepOutcome", "is_oom", "trainer_arguments", "trainer_callback",
            "lightning_callback"]
 
 _NONE = 1 << 30  # stands for "no prefetch_factor" in the element-wise minimum
+_last_batch: "weakref.WeakKeyDictionary[Session, int]" = weakref.WeakKeyDictionary()  # guarded_step's
 
 
 def agreed_plan(session: Session, group: Any = None) -> Plan:
@@ -98,12 +101,17 @@ def guarded_step(session: Session, batch_size: int, device: Any = None) -> Itera
     smaller plan instead of a crash.
 
     On a CUDA device the peak is the caching allocator's reserved peak (what the device must
-    hold); elsewhere it is left to the daemon, which measures the job's process tree. An OOM is
-    swallowed after ``report_oom`` (which waits for the daemon's smaller plan) and the cache is
-    emptied; any other exception propagates. Under DDP an OOM on one rank leaves the others
-    waiting in their collectives: there, stop the job rather than carry on.
+    hold); elsewhere it is left to the daemon, which measures the job's process tree. A step at
+    a batch size other than the last guarded step's first gives the C heap's free pages back to
+    the kernel (``trim_heap``). An OOM is swallowed after ``report_oom`` (which waits for the
+    daemon's smaller plan) and the cache is emptied; any other exception propagates. Under DDP
+    an OOM on one rank leaves the others waiting in their collectives: there, stop the job
+    rather than carry on.
     """
     outcome = StepOutcome()
+    if _last_batch.get(session, batch_size) != batch_size:
+        trim_heap()
+    _last_batch[session] = batch_size
     cuda = _cuda(device)
     if cuda is not None:
         cuda.reset_peak_memory_stats(device)

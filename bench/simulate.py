@@ -1,6 +1,10 @@
 """Recommendation quality: synthetic training jobs with known memory curves against the real daemon.
 
-    python bench/simulate.py [--steps 40] [--seed 1] [--json]
+    python bench/simulate.py [--steps 40] [--seed 1] [--noise-model real|uniform] [--json]
+
+Not evidence on its own: real jobs in real memory pools are (bench/realjobs.py). This bench
+runs the policy through situations a real run may not meet, on a fake GPU, with noise the
+fit does not assume.
 
 The daemon is the real `memd serve`; the GPU is the fake NVML driver (tests/fakenvml, built with
 the C compiler here), an 80 GiB device whose "used" memory this script rewrites after every step
@@ -11,6 +15,15 @@ device's capacity (80 GiB minus another tenant's 2 GiB). On 5 % of steps the all
 fragmentation makes the step reserve 30 % more than its batch needs (reported, and kept by the
 caching allocator as NVML shows), though the batch itself would fit without it; the fit is meant
 not to mistake an isolated spike for the batch's cost.
+
+``--noise-model real`` (the default) replaces the uniform noise with what real jobs showed in
+real cgroups (bench/realjobs.py, docs/results.md), none of which the fit assumes: the batch's
+part of a peak is bimodal, its upper mode 7 % up and coming in streaks (a two-state chain that
+stays up with probability 0.7), with a heavy tail (Student's t, 3 degrees of freedom, 1 %);
+the job's first step peaks lower (no optimizer state yet: a ramp); and every change of batch
+leaves 2 % of the new batch's part behind in the allocator, for good (fragmentation that
+grows). Feasible is then the largest batch whose upper mode plus three tail widths fits.
+``--noise-model uniform`` is the earlier ±noise.
 
 Per job it reports:
 - feasible: the largest batch b with peak(b) x (1 + noise) <= capacity (with a target effective
@@ -25,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -61,8 +75,11 @@ class Job:
     def peak(self, batch: int) -> float:
         return (self.fixed + self.per_sample * batch) * GiB
 
-    def feasible(self, noise: float) -> int:
-        best = max(0, int((CAPACITY / (1 + noise) / GiB - self.fixed) / self.per_sample))
+    def feasible(self, model: str, noise: float) -> int:
+        if model == "real":  # the upper mode plus three tail widths, on the batch's part
+            best = max(0, int((CAPACITY / GiB - self.fixed) / (self.per_sample * (1 + Noise.UPPER + 3 * Noise.TAIL))))
+        else:
+            best = max(0, int((CAPACITY / (1 + noise) / GiB - self.fixed) / self.per_sample))
         if self.max_batch is not None:
             best = min(best, self.max_batch)
         if self.target is not None:
@@ -85,6 +102,31 @@ JOBS = [
 ]
 
 
+class Noise:
+    """One job's step peaks: ``uniform`` (±noise on the whole peak) or ``real`` (the module
+    docstring: bimodal in streaks, heavy-tailed, a first-step ramp, fragmentation that grows)."""
+    UPPER, STAY, ENTER, TAIL, FRAG, RAMP = 0.07, 0.7, 0.15, 0.01, 0.02, 0.7
+
+    def __init__(self, model: str, noise: float, rng: random.Random):
+        self.model, self.noise, self.rng = model, noise, rng
+        self.up, self.frag, self.last, self.steps = False, 0.0, None, 0
+
+    def peak(self, job: "Job", batch: int) -> float:
+        rng = self.rng
+        if self.model == "uniform":
+            return job.peak(batch) * (1 + rng.uniform(-self.noise, self.noise))
+        part = job.per_sample * batch * GiB
+        if self.last is not None and batch != self.last:
+            self.frag += self.FRAG * part  # the old batch's blocks stay in the allocator
+        self.last = batch
+        self.up = rng.random() < (self.STAY if self.up else self.ENTER)
+        tail = rng.gauss(0, 1) / math.sqrt(rng.gammavariate(1.5, 2) / 3)  # Student's t, 3 degrees of freedom
+        e = max(-0.05, min(0.15, (self.UPPER if self.up else 0.0) + self.TAIL * tail))
+        fixed = job.fixed * GiB * (self.RAMP if self.steps == 0 else 1.0)  # no optimizer state on step one
+        self.steps += 1
+        return fixed + part * (1 + e) + self.frag
+
+
 class Gpu:
     """The fake driver's configuration: what NVML shows."""
 
@@ -99,11 +141,13 @@ class Gpu:
                      % (UUID, TOTAL // GiB, min(used, TOTAL)))
 
 
-def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, noise: float, rng: random.Random, settle: float):
+def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, model: str, noise: float, rng: random.Random,
+            settle: float):
     s = client.Session("sim-" + job.name, endpoint=endpoint, timeout=2.0, default_batch=job.default,
                        target_effective_batch=job.target, max_batch=job.max_batch, device="cuda:0")
     batches, reasons, ooms, oom_steps, reports = [], [], [], set(), 0
     held = 0.0
+    peaks = Noise(model, noise, rng)
     try:
         for step in range(steps):
             s._plan_expires = 0  # ask the daemon every step (a real loop would use its cached plan)
@@ -113,7 +157,7 @@ def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, noise: float, rng: ra
             b = plan.batch_size
             batches.append(b)
             reasons.append(plan.reason)
-            actual = job.peak(b) * (1 + rng.uniform(-noise, noise))
+            actual = peaks.peak(job, b)
             if actual > CAPACITY:
                 ooms.append(reports)
                 oom_steps.add(step)
@@ -134,7 +178,7 @@ def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, noise: float, rng: ra
     finally:
         s.close()
         gpu.hold(job.name, 0)
-    feasible = job.feasible(noise)
+    feasible = job.feasible(model, noise)
     # The first step from which every plan stays within 5 % of the final one; the reports the
     # daemon had received by then (OOM steps report nothing).
     settled = next(i for i in range(len(batches) + 1)
@@ -148,9 +192,10 @@ def run_job(job: Job, gpu: Gpu, endpoint: str, steps: int, noise: float, rng: ra
     }
 
 
-def run_pair(gpu: Gpu, endpoint: str, steps: int, noise: float, rng: random.Random, settle: float):
+def run_pair(gpu: Gpu, endpoint: str, steps: int, model: str, noise: float, rng: random.Random, settle: float):
     """Two jobs on one GPU at once: plans together must fit it."""
     a, b = Job("pair-a", 12, 0.5, 8), Job("pair-b", 8, 0.3, 16)
+    noises = {j.name: Noise(model, noise, rng) for j in (a, b)}
     sessions = {j.name: client.Session("sim-" + j.name, endpoint=endpoint, timeout=2.0, default_batch=j.default,
                                        device="cuda:0") for j in (a, b)}
     worst, ooms, held = 0.0, 0, {a.name: 0.0, b.name: 0.0}
@@ -162,7 +207,7 @@ def run_pair(gpu: Gpu, endpoint: str, steps: int, noise: float, rng: random.Rand
                 s = sessions[job.name]
                 s._plan_expires = 0
                 batch = s.plan().batch_size
-                peaks[job.name] = (batch, job.peak(batch) * (1 + rng.uniform(-noise, noise)))
+                peaks[job.name] = (batch, noises[job.name].peak(job, batch))
             together = sum(p for _, p in peaks.values())
             worst = max(worst, together / CAPACITY)
             for job in (a, b):
@@ -192,7 +237,8 @@ def run_pair(gpu: Gpu, endpoint: str, steps: int, noise: float, rng: random.Rand
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--noise", type=float, default=0.02)
+    parser.add_argument("--noise", type=float, default=0.02, help="with --noise-model uniform: ±this")
+    parser.add_argument("--noise-model", choices=("real", "uniform"), default="real")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle", type=float, default=0.06, help="seconds per step for the daemon to sample")
     parser.add_argument("--json", action="store_true")
@@ -221,8 +267,9 @@ def main():
                     raise
                 time.sleep(0.05)
         chosen = [job for job in JOBS if not args.jobs or job.name in args.jobs.split(",")]
-        results = [run_job(job, gpu, endpoint, args.steps, args.noise, rng, args.settle) for job in chosen]
-        pair = run_pair(gpu, endpoint, args.steps, args.noise, rng, args.settle) if not args.jobs else None
+        results = [run_job(job, gpu, endpoint, args.steps, args.noise_model, args.noise, rng, args.settle)
+                   for job in chosen]
+        pair = run_pair(gpu, endpoint, args.steps, args.noise_model, args.noise, rng, args.settle) if not args.jobs else None
     finally:
         daemon.terminate()
         daemon.wait(10)
@@ -230,7 +277,8 @@ def main():
     summary = {
         "machine": "%s, %s, %d cores, Python %s" % (platform.node(), platform.machine(), os.cpu_count(),
                                                     platform.python_version()),
-        "command": "python bench/simulate.py --steps %d --noise %g --seed %d" % (args.steps, args.noise, args.seed),
+        "command": "python bench/simulate.py --steps %d --noise-model %s%s --seed %d" % (
+            args.steps, args.noise_model, " --noise %g" % args.noise if args.noise_model == "uniform" else "", args.seed),
         "median_fraction": round(statistics.median(fractions), 3), "min_fraction": min(fractions),
         "ooms": sum(r["ooms"] for r in results), "ooms_after_first_report": sum(r["ooms_after_first_report"] for r in results),
         "max_reports_to_converge": max(r["reports_to_converge"] for r in results),

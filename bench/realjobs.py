@@ -1,0 +1,394 @@
+"""Real training jobs in real memory cgroups: the largest batch that fits, memd beside the peers.
+
+    sudo .venv/bin/python bench/realjobs.py [--rows gpt-1g,cnn-2g] [--steps 30] [--out DIR]
+
+Each row is a workload (bench/trainjob.py: real PyTorch training on the CPU) in a memory cgroup
+of a given size (bench/memcg.py: v1 here, v2 where mounted), created and removed per run. Per row:
+
+- feasible: the largest batch that runs, found by probing: short runs (``--probe-steps``) of the
+  same job at a fixed batch, each in a fresh process in a fresh cgroup of the same size; a kill
+  by the kernel's OOM killer means "does not fit". Two pilot runs say where to look; only kills
+  and completions decide.
+- each method (bench/trainjob.py's --method) in a fresh process and cgroup, ``--steps`` steps:
+  memd through the public client (reports, suggest_batch() alone, the training helpers), against
+  one real `memd serve` started here with its embedded defaults; accelerate's
+  find_executable_batch_size; Lightning's BatchSizeFinder (power, binsearch); the seeds' static
+  calculators (`memd estimate unified`, seed 000; `memd estimate transformer`, seed 003, for the
+  GPT-style job), run at the batch they print.
+
+Per method: the batch it trained at in the end, as a share of feasible; OOM errors it caught;
+OOM kills; the step (and seconds since the process started, imports included) after which its
+batch stayed within 5 % of the final one. A killed run's share is 0: what it learned died with it.
+Everything in the results is measured: batches the jobs ran, kills the kernel counted, peaks the
+kernel reported (VmHWM, the cgroup's max usage); nothing is taken from memd's own predictions.
+
+Writes DIR/results.json, DIR/table.md and DIR/<row>.png (batch per step, per method).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]
+
+from bench.memcg import MemoryCgroup, available  # noqa: E402
+
+GiB = 2 ** 30
+JOB = os.path.join(ROOT, "bench", "trainjob.py")
+MEMD_METHODS = ("report", "suggest", "helpers")
+PEER_METHODS = ("accelerate", "lightning-power", "lightning-binsearch")
+SETTLED = 0.05  # a run has settled once its batch stays within 5 % of its final batch
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    shape: str
+    limit_bytes: int
+    default_batch: int  # what the user would pass as suggest_batch(default=...)
+
+
+ROWS = {r.name: r for r in (
+    Row("gpt-1g", "gpt", 1 * GiB, 4),
+    Row("gpt-1.5g", "gpt", 3 * GiB // 2, 4),
+    Row("cnn-1g", "cnn", 1 * GiB, 32),
+    Row("cnn-2g", "cnn", 2 * GiB, 32),
+    Row("embed-8g", "embed", 8 * GiB, 256),
+)}
+
+
+@dataclass
+class Run:
+    method: str
+    batches: List[int] = field(default_factory=list)  # per training step
+    seconds: List[float] = field(default_factory=list)  # since the process started, per step
+    hwm: List[int] = field(default_factory=list)  # the process's VmHWM after each step
+    trials: List[int] = field(default_factory=list)  # a finder's trial batches, in order
+    last_try: Optional[int] = None  # the batch of the last step begun (where a killed run died)
+    reasons: List[str] = field(default_factory=list)
+    oom_errors: int = 0
+    killed: bool = False
+    exit_code: Optional[int] = None
+    cgroup_peak_bytes: Optional[int] = None
+    wall_seconds: float = 0.0
+    note: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return not self.killed and self.exit_code == 0
+
+    def final_batch(self) -> Optional[int]:
+        return self.batches[-1] if self.batches and self.completed else None
+
+    def settled_at(self) -> Optional[int]:
+        """Index of the step after which the batch stayed within SETTLED of the final one."""
+        final = self.final_batch()
+        if final is None:
+            return None
+        at = len(self.batches) - 1
+        while at > 0 and abs(self.batches[at - 1] - final) <= SETTLED * final:
+            at -= 1
+        return at
+
+
+def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: List[str] = (),
+            timeout: float = 1800.0) -> Run:
+    """One process of bench/trainjob.py in a fresh cgroup of the row's size."""
+    run = Run(method)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if endpoint:
+        env["MEMD_ENDPOINT"] = endpoint
+    cmd = [sys.executable, JOB, "--shape", row.shape, "--steps", str(steps), "--default-batch",
+           str(row.default_batch)] + list(extra)
+    started = time.monotonic()
+    with MemoryCgroup(row.limit_bytes) as cg, tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=cg.join,
+                                start_new_session=True)
+        try:
+            run.exit_code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            run.exit_code = proc.wait()
+            run.note = "timed out after %.0f s" % timeout
+        run.killed = cg.oom_kills() > 0
+        run.cgroup_peak_bytes = cg.peak_bytes()
+        out.seek(0)
+        for line in out:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("e") == "step":
+                run.batches.append(event["batch"])
+                run.seconds.append(event["t"])
+                run.hwm.append(event["hwm"])
+                run.reasons.append(event.get("reason") or "")
+            elif event.get("e") == "try":
+                run.last_try = event["batch"]
+            elif event.get("e") == "trial":
+                if not run.trials or run.trials[-1] != event["batch"]:
+                    run.trials.append(event["batch"])
+            elif event.get("e") == "oom":
+                run.oom_errors += 1
+    run.wall_seconds = round(time.monotonic() - started, 1)
+    return run
+
+
+def fits(row: Row, batch: int, steps: int, log):
+    run = run_job(row, "fixed", steps, None, ["--method", "fixed", "--batch", str(batch)])
+    if not run.completed and not run.killed:
+        raise RuntimeError("probe of %s at batch %d failed without a kill (exit %s)" % (row.name, batch, run.exit_code))
+    log("  probe %s batch %d: %s (VmHWM %s)" % (row.name, batch, "runs" if run.completed else "killed",
+                                                 "%.0f MiB" % (max(run.hwm) / 2 ** 20) if run.hwm else "-"))
+    return run.completed, run
+
+
+def feasible(row: Row, steps: int, log) -> Dict:
+    """The largest batch that runs. Pilot runs at the user's default and four times it give a
+    linear guess; from there the batch strides (5 %, doubling) until the answer flips, then
+    bisects to 1 %. Only kills and completions decide."""
+    probes = []
+
+    def test(batch):
+        ok, run = fits(row, batch, steps, log)
+        probes.append({"batch": batch, "runs": ok, "hwm_bytes": max(run.hwm) if run.hwm else None})
+        return ok
+
+    small = row.default_batch
+    while not test(small):
+        if small == 1:
+            return {"batch": 0, "first_killed": 1, "probes": probes}
+        small //= 2
+    lo, hi = small, 4 * small
+    if test(hi):
+        p0, p1 = probes[-2]["hwm_bytes"], probes[-1]["hwm_bytes"]
+        guess = int(hi + (row.limit_bytes - p1) / max(1.0, (p1 - p0) / (hi - small)))
+        lo, hi, stride = hi, None, max(1, int(0.05 * guess))
+        batch = max(lo + 1, guess)
+        if test(batch):
+            lo = batch
+            while hi is None:
+                batch = lo + stride
+                lo, hi = (batch, None) if test(batch) else (lo, batch)
+                stride *= 2
+        else:
+            hi = batch
+            while hi - stride > lo:
+                if test(hi - stride):
+                    lo = hi - stride
+                    break
+                hi, stride = hi - stride, stride * 2
+    while hi - lo > max(1, lo // 100):
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if test(mid) else (lo, mid)
+    return {"batch": lo, "first_killed": hi, "probes": probes}
+
+
+def static_seed000(row: Row) -> int:
+    """seed 000's calculator: the batch it prints for this pool (its smallest model; it has no
+    entry for these jobs, which is part of the finding)."""
+    out = subprocess.run([sys.executable, "-m", "memd", "estimate", "unified", "--memory-gb",
+                          "%.3f" % (row.limit_bytes / 1e9), "--model", "sd1", "--resolution", "64", "--json"],
+                         capture_output=True, text=True, check=True, env=_memd_env())
+    return json.loads(out.stdout)["batch_size"]
+
+
+def static_seed003(row: Row) -> Optional[int]:
+    """seed 003's transformer estimate: the largest batch whose estimated peak fits the pool."""
+    if row.shape != "gpt":
+        return None
+
+    def peak(batch):
+        out = subprocess.run([sys.executable, "-m", "memd", "estimate", "transformer", "--layers", "2",
+                              "--d-model", "128", "--heads", "4", "--vocab", "4096", "--seq-len", "256",
+                              "--batch", str(batch), "--device", "cpu", "--json"],
+                             capture_output=True, text=True, check=True, env=_memd_env())
+        return json.loads(out.stdout)["peak_bytes"]
+
+    lo, hi = 1, 2
+    while peak(hi) <= row.limit_bytes:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) <= row.limit_bytes else (lo, mid)
+    return lo
+
+
+def _memd_env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, os.path.join(ROOT, "client"), env.get("PYTHONPATH", "")])
+    return env
+
+
+class MemdDaemon:
+    """The real `memd serve` with its embedded defaults, on a throwaway endpoint and state dir."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="memd-bench-")
+        self.endpoint = "ipc://%s/memd.sock" % self.dir
+        self.log = open(os.path.join(self.dir, "memd.log"), "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "memd", "serve", "--endpoint", self.endpoint,
+                                      "--metrics-address", "off", "--state-dir", os.path.join(self.dir, "state")],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=_memd_env())
+        from memd.client import DaemonUnavailable, call
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                call("ping", endpoint=self.endpoint, timeout=0.5)
+                return
+            except DaemonUnavailable:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("memd did not start; see %s/memd.log" % self.dir)
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon: MemdDaemon, log,
+              known: Optional[int] = None) -> Dict:
+    log("row %s: %s in a %.2f GiB cgroup" % (row.name, row.shape, row.limit_bytes / GiB))
+    found = feasible(row, probe_steps, log) if known is None else {"batch": known, "probes": [], "given": True}
+    log("  feasible: %d" % found["batch"])
+    runs: List[Run] = []
+    for method in methods:
+        extra = ["--method", method if method in MEMD_METHODS + PEER_METHODS else "fixed"]
+        if method in MEMD_METHODS:
+            extra += ["--job", "bench-%s-%s-%d" % (row.name, method, os.getpid())]
+        if method.startswith("static"):
+            batch = static_seed000(row) if method == "static-seed000" else static_seed003(row)
+            if batch is None:
+                continue
+            extra += ["--batch", str(batch)]
+        run = run_job(row, method, steps, daemon.endpoint, extra)
+        runs.append(run)
+        log("  %-20s %s" % (method, summary_line(run, found["batch"])))
+    return {"row": asdict(row), "feasible": found, "runs": [dict(asdict(r), final_batch=r.final_batch(),
+                                                                  settled_step=r.settled_at()) for r in runs]}
+
+
+def summary_line(run: Run, feasible_batch: int) -> str:
+    final = run.final_batch()
+    if final is None:
+        return "KILLED at batch %s after %d steps" % (run.last_try, len(run.batches)) if run.killed else \
+            "failed (exit %s) %s" % (run.exit_code, run.note)
+    at = run.settled_at()
+    return "batch %d = %.1f %% of feasible; %d OOM errors; settled at step %d (%.0f s)" % (
+        final, 100.0 * final / feasible_batch if feasible_batch else float("nan"), run.oom_errors, at + 1,
+        run.seconds[at])
+
+
+def table(results: List[Dict]) -> str:
+    lines = ["| row | pool | feasible | method | batch | of feasible | OOM errors | OOM kills | settled at step | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for res in results:
+        row, best = res["row"], res["feasible"]["batch"]
+        for r in res["runs"]:
+            final, at = r["final_batch"], r["settled_step"]
+            if final is None:
+                cells = ["killed at %s" % r["last_try"] if r["killed"] else "failed", "0 %", str(r["oom_errors"]),
+                         "1" if r["killed"] else "0", "-", "-"]
+            else:
+                cells = [str(final), "%.1f %%" % (100.0 * final / best), str(r["oom_errors"]), "0",
+                         str(at + 1), "%.0f" % r["seconds"][at]]
+            lines.append("| %s | %.2f GiB | %d | %s | %s |" % (row["name"], row["limit_bytes"] / GiB, best, r["method"],
+                                                               " | ".join(cells)))
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: Dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    best = result["feasible"]["batch"]
+    ax.axhline(best, color="black", linestyle="--", linewidth=1, label="feasible (probed): %d" % best)
+    for r in result["runs"]:
+        if not r["batches"] and not r["trials"]:
+            continue
+        ys = r["trials"] + r["batches"] if r["method"].startswith(("accelerate", "lightning")) else r["batches"]
+        style = "-" if r["method"] in MEMD_METHODS else ":"
+        label = r["method"] + (" (killed)" if r["killed"] else "")
+        ax.plot(range(1, len(ys) + 1), ys, style, marker="x" if r["killed"] else None, label=label)
+        if r["killed"] and ys:
+            ax.plot([len(ys)], [ys[-1]], "rx", markersize=10)
+    row = result["row"]
+    ax.set_title("%s in a %.2f GiB cgroup: batch per step" % (row["shape"], row["limit_bytes"] / GiB))
+    ax.set_xlabel("step (finders: trials, then training)")
+    ax.set_ylabel("batch size")
+    ax.set_yscale("log", base=2)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated: %s" % ", ".join(ROWS))
+    parser.add_argument("--methods", default=",".join(MEMD_METHODS + PEER_METHODS + ("static-seed000",
+                                                                                      "static-seed003")))
+    parser.add_argument("--steps", type=int, default=30, help="training steps per method run")
+    parser.add_argument("--probe-steps", type=int, default=20,
+                        help="steps per probing run (a peak is a draw: a short probe passes batches a long run dies at)")
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "real"))
+    parser.add_argument("--feasible", default="", metavar="ROW=N,...",
+                        help="skip probing for these rows (development only: the published table probes)")
+    args = parser.parse_args(argv)
+    why = available()
+    if why:
+        print("realjobs: %s" % why, file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwind: every cgroup made here is removed
+    rows = [ROWS[name] for name in args.rows.split(",")]
+    known = {name: int(n) for name, _, n in (item.partition("=") for item in args.feasible.split(",") if item)}
+    methods = args.methods.split(",")
+    os.makedirs(args.out, exist_ok=True)
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    import torch
+    meta = {"command": "python bench/realjobs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": "%s, %d cores, %.0f GiB, kernel %s" % (platform.machine(), os.cpu_count(),
+                                                                os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GiB,
+                                                                platform.release()),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cgroup": "v1" if os.path.isdir("/sys/fs/cgroup/memory") else "v2",
+            "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "probe_steps": args.probe_steps}
+    daemon = MemdDaemon()
+    results = []
+    try:
+        for row in rows:
+            results.append(bench_row(row, methods, args.steps, args.probe_steps, daemon, log, known.get(row.name)))
+            plot(results[-1], os.path.join(args.out, "%s.png" % row.name))
+            with open(os.path.join(args.out, "results.json"), "w") as f:
+                json.dump({"meta": meta, "results": results}, f, indent=1)
+    finally:
+        daemon.stop()
+    text = table(results)
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

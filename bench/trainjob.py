@@ -1,0 +1,334 @@
+"""One real PyTorch training job on the CPU, taking its batch size the way a user would.
+
+    python bench/trainjob.py --shape gpt --method suggest --steps 30 [--default-batch 4]
+
+Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
+  gpt    a GPT-style decoder (tied embeddings, causal SDPA attention), vocab 4096, 256 tokens
+  cnn    a small CNN (conv, batch norm, ReLU) on 64x64 RGB image tensors
+  embed  a recommender: a 6M x 64 embedding table (SparseAdam) pooled over 256 ids a sample
+  tiny   the gpt layout at a tenth of the cost, for the test suite
+Methods (where the batch size comes from):
+  fixed                --batch N, every step
+  report               memd: Session.plan() (trim_heap() when its batch changes, as the README
+                       shows), then report(batch, peak_bytes=VmHWM) and reset VmHWM
+  suggest              memd: client.suggest_batch(default) alone, once a step
+  helpers              memd: agreed_plan + guarded_step from memd.client.training (memd measures)
+  accelerate           accelerate's find_executable_batch_size (starting at 128, its default)
+  lightning-power      Lightning's BatchSizeFinder, mode "power"
+  lightning-binsearch  Lightning's BatchSizeFinder, mode "binsearch"
+
+Every step prints {"e": "try", "batch"} before it starts and, once done, one JSON line
+{"e": "step", "i", "batch", "dt", "t", "hwm", "source", "reason"} (``hwm``: the process's resident
+high-water mark during the step, in bytes; ``t``: seconds since the job started, imports
+included). A finder's search steps print "trial" instead of "step"; a caught out-of-memory error
+prints {"e": "oom", "batch"}. A job the kernel kills prints nothing more: its last "try" says
+where it died.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+T0 = time.monotonic()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "client")]
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+METHODS = ("fixed", "report", "suggest", "helpers", "accelerate", "lightning-power", "lightning-binsearch")
+
+
+def emit(**fields) -> None:
+    fields.setdefault("t", round(time.monotonic() - T0, 3))
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def vm_hwm() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_hwm() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+# -- shapes -------------------------------------------------------------------------------------
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, seq: int, d: int, heads: int, layers: int):
+        super().__init__()
+        self.vocab, self.seq = vocab, seq
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, tokens):
+        h = self.tok(tokens[:, :-1]) + self.pos(torch.arange(tokens.shape[1] - 1))
+        logits = self.head(self.ln(self.blocks(h)))
+        return F.cross_entropy(logits.reshape(-1, self.vocab), tokens[:, 1:].reshape(-1))
+
+
+class CNN(nn.Module):
+    def __init__(self, width: int, classes: int = 100):
+        super().__init__()
+
+        def block(i, o):
+            return [nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(inplace=True)]
+
+        w = width
+        self.net = nn.Sequential(*block(3, w), *block(w, w), nn.MaxPool2d(2), *block(w, 2 * w), *block(2 * w, 2 * w),
+                                 nn.MaxPool2d(2), *block(2 * w, 4 * w), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                 nn.Linear(4 * w, classes))
+
+    def forward(self, batch):
+        images, labels = batch
+        return F.cross_entropy(self.net(images), labels)
+
+
+class Recommender(nn.Module):
+    def __init__(self, rows: int, d: int):
+        super().__init__()
+        self.table = nn.Embedding(rows, d, sparse=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 256), nn.ReLU(), nn.Linear(256, 1))
+
+    def forward(self, batch):
+        ids, clicks = batch
+        return F.binary_cross_entropy_with_logits(self.mlp(self.table(ids).mean(1)).squeeze(1), clicks)
+
+
+class Shape:
+    """A model, its optimizers, and one synthetic sample (or a whole batch of them)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        torch.manual_seed(0)
+        if name in ("gpt", "tiny"):
+            vocab, seq, d, heads, layers = (4096, 257, 128, 4, 2) if name == "gpt" else (512, 65, 64, 4, 1)
+            self.model = GPT(vocab, seq - 1, d, heads, layers)
+            self.sample = lambda n: torch.randint(0, vocab, (n, seq))
+        elif name == "cnn":
+            self.model = CNN(8)
+            self.sample = lambda n: (torch.randn(n, 3, 64, 64), torch.randint(0, 100, (n,)))
+        elif name == "embed":
+            rows, d, ids = 6_000_000, 64, 256
+            self.model = Recommender(rows, d)
+            self.sample = lambda n: (torch.randint(0, rows, (n, ids)), torch.rand(n))
+        else:
+            raise SystemExit("unknown shape %r" % name)
+        if name == "embed":
+            self.optimizers = [torch.optim.SparseAdam(list(self.model.table.parameters()), lr=1e-3),
+                               torch.optim.AdamW(self.model.mlp.parameters(), lr=1e-3)]
+        else:
+            self.optimizers = [torch.optim.AdamW(self.model.parameters(), lr=1e-4)]
+
+    def step(self, batch_size: int, accum: int = 1) -> float:
+        for _ in range(accum):
+            loss = self.model(self.sample(batch_size)) / accum
+            loss.backward()
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    def dataset(self):
+        """The same samples as a map-style Dataset, for the frameworks' own loaders."""
+        sample = self.sample
+
+        class Synthetic(torch.utils.data.Dataset):
+            def __len__(self):
+                return 1 << 24
+
+            def __getitem__(self, i):
+                one = sample(1)
+                return tuple(t[0] for t in one) if isinstance(one, tuple) else one[0]
+
+        return Synthetic()
+
+
+# -- methods ------------------------------------------------------------------------------------
+
+def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
+    """``batch_for(i)`` -> (batch, accum, plan or None); ``after(i, batch, hwm)`` once a step is done."""
+    for i in range(steps):
+        batch, accum, plan = batch_for(i)
+        emit(e="try", batch=batch)
+        started = time.monotonic()
+        shape.step(batch, accum)
+        hwm = vm_hwm()
+        emit(e="step", i=i, batch=batch, accum=accum, dt=round(time.monotonic() - started, 3), hwm=hwm,
+             source=getattr(plan, "source", None), reason=getattr(plan, "reason", None))
+        if after is not None:
+            after(i, batch, hwm)
+
+
+def method_fixed(shape: Shape, args) -> None:
+    run_steps(shape, args.steps, lambda i: (args.batch, 1, None), lambda i, batch, hwm: reset_hwm())
+
+
+def method_report(shape: Shape, args) -> None:
+    from memd import client
+
+    with client.Session(job=args.job, default_batch=args.default_batch) as s:
+        last = {}
+
+        def batch_for(i):
+            plan = s.plan()
+            if last.get("batch", plan.batch_size) != plan.batch_size:
+                client.trim_heap()
+            last["batch"] = plan.batch_size
+            return plan.batch_size, plan.grad_accum_steps, plan
+
+        def after(i, batch, hwm):
+            s.report(batch_size=batch, peak_bytes=hwm)
+            reset_hwm()
+
+        run_steps(shape, args.steps, batch_for, after)
+
+
+def method_suggest(shape: Shape, args) -> None:
+    from memd import client
+
+    def batch_for(i):
+        return client.suggest_batch(default=args.default_batch, job=args.job), 1, None
+
+    run_steps(shape, args.steps, batch_for)
+
+
+def method_helpers(shape: Shape, args) -> None:
+    from memd import client
+    from memd.client.training import agreed_plan, guarded_step
+
+    with client.Session(job=args.job, default_batch=args.default_batch) as s:
+        for i in range(args.steps):
+            plan = agreed_plan(s)
+            emit(e="try", batch=plan.batch_size)
+            started = time.monotonic()
+            with guarded_step(s, plan.batch_size) as outcome:
+                shape.step(plan.batch_size, plan.grad_accum_steps)
+            if outcome.oom:
+                emit(e="oom", batch=plan.batch_size)
+                continue
+            emit(e="step", i=i, batch=plan.batch_size, accum=plan.grad_accum_steps,
+                 dt=round(time.monotonic() - started, 3), hwm=vm_hwm(), source=plan.source, reason=plan.reason)
+
+
+def method_accelerate(shape: Shape, args) -> None:
+    from accelerate.utils import find_executable_batch_size
+
+    @find_executable_batch_size(starting_batch_size=args.starting_batch)
+    def train(batch_size):
+        emit(e="trial", batch=batch_size)
+        run_steps(shape, args.steps, lambda i: (batch_size, 1, None))
+
+    train()
+
+
+def method_lightning(shape: Shape, args, mode: str) -> None:
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        import pytorch_lightning as pl
+    import logging
+
+    for name in ("lightning.pytorch", "pytorch_lightning", "lightning.fabric", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    phase = {"search": False, "i": 0}
+
+    class Finder(pl.callbacks.BatchSizeFinder):
+        def scale_batch_size(self, trainer, module):
+            phase["search"] = True
+            try:
+                super().scale_batch_size(trainer, module)
+            finally:
+                phase["search"] = False
+            emit(e="found", batch=self.optimal_batch_size)
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = shape.model
+            self.batch_size = 2  # the finder's init_val
+            self.automatic_optimization = False  # the recommender steps two optimizers
+
+        def training_step(self, batch, batch_idx):
+            started = time.monotonic()
+            emit(e="try", batch=len(batch[1]) if isinstance(batch, (list, tuple)) else len(batch))
+            loss = self.net(batch)
+            self.manual_backward(loss)
+            optimizers = self.optimizers()
+            for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            size = len(batch[1]) if isinstance(batch, (list, tuple)) else len(batch)
+            emit(e="trial" if phase["search"] else "step", i=phase["i"], batch=size, accum=1,
+                 dt=round(time.monotonic() - started, 3), hwm=vm_hwm(), source=None, reason=None)
+            phase["i"] += 0 if phase["search"] else 1
+
+        def configure_optimizers(self):
+            return shape.optimizers
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(shape.dataset(), batch_size=self.batch_size)
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="memd-lightning-") as root:  # the finder writes a checkpoint there
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, callbacks=[Finder(mode=mode)],
+                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, default_root_dir=root)
+        trainer.fit(Module())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", required=True, choices=("gpt", "cnn", "embed", "tiny"))
+    parser.add_argument("--method", required=True, choices=METHODS)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, help="the batch for --method fixed")
+    parser.add_argument("--default-batch", type=int, default=4, help="the user's default for memd's methods")
+    parser.add_argument("--starting-batch", type=int, default=128, help="accelerate's starting_batch_size")
+    parser.add_argument("--job", default=None, help="memd job name (default: bench-SHAPE)")
+    args = parser.parse_args(argv)
+    args.job = args.job or "bench-%s" % args.shape
+    if args.method == "fixed" and not args.batch:
+        parser.error("--method fixed needs --batch")
+    shape = Shape(args.shape)
+    emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())
+    if args.method.startswith("lightning-"):
+        method_lightning(shape, args, args.method.split("-", 1)[1])
+    else:
+        globals()["method_" + args.method](shape, args)
+    emit(e="end", hwm=vm_hwm())
+
+
+if __name__ == "__main__":
+    main()

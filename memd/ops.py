@@ -105,7 +105,8 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     if peak is None:
         peak = _measure_peak(core, session)
     if peak:
-        observation = Observation(batch, peak, base, warmup=not session.observations)
+        observation = Observation(batch, peak, base, warmup=not session.observations,
+                                  settling=session.latest_batch is not None and batch != session.latest_batch)
         if len(session.observations) == 1:  # the first report after the warm-up step
             check_remembered(session, observation)
         session.observations.append(observation)

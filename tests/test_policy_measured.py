@@ -106,9 +106,11 @@ def test_the_first_step_is_a_warm_up():
     assert curve.observed == ((4, 421 * MiB),)
 
 
-def test_small_gains_do_not_change_the_batch():
+def test_small_moves_do_not_change_the_batch():
     """Each change of batch cost the GPT job memory (a creep 36 -> 38 -> 39 -> 40 peaked 6 %
-    higher than a jump) and costs a user a DataLoader rebuild: growth under min_gain waits."""
+    higher than a jump), and a run of small moves down (604 600 598 579 604 594 592 587) sent the
+    CNN job's peaks from 991 to 1121 MiB, at its kill line: growth under min_gain waits, and a
+    move down goes at least min_gain below the batch."""
     curve = Curve(330 * MiB, 18 * MiB, "fit", 5, 1.0)  # the job's measured line
 
     def plan(current, fits):
@@ -119,4 +121,16 @@ def test_small_gains_do_not_change_the_batch():
 
     assert plan(38, 39).batch_size == 38 and "not worth a change" in plan(38, 39).reason
     assert plan(38, 40).batch_size == 40  # 5 %: worth it
-    assert plan(38, 37).batch_size == 37  # down at once: safety never waits
+    assert plan(38, 37).batch_size == 36 and "down to 36" in plan(38, 37).reason  # at once, and decisively
+    assert plan(38, 30).batch_size == 30  # a larger drop goes straight to what fits
+
+
+def test_the_first_step_after_a_change_counts_until_the_next_one():
+    """On the CPU the first step at a new batch ran 40-70 MiB below the steps after it (the
+    recommender at 6891: 7472, then 7517 and 7521 MiB): it stands for its batch only alone."""
+    alone = fit([Observation(256, 4853 * MiB), Observation(6891, 7472 * MiB, settling=True)], kills=True)
+    assert alone.observed[-1] == (6891, 7472 * MiB)
+    later = fit([Observation(256, 4853 * MiB), Observation(6891, 7472 * MiB, settling=True),
+                 Observation(6891, 7517 * MiB), Observation(6891, 7521 * MiB)], kills=True)
+    assert later.band[1] == 3  # the line is drawn through three reports: the low first one is gone
+    assert later.observed[-1] == (6891, 7521 * MiB) and later.floor(6891) == 7521 * MiB

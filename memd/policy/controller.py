@@ -81,6 +81,13 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if current is not None and current < limit < current * (1 + cfg.min_gain):
         limit, reason = current, "keeping %d: %d would fit, a gain under %.0f %% is not worth a change of batch" % (
             current, limit, 100 * cfg.min_gain)
+    elif current is not None and current * (1 - cfg.min_gain) < limit < current and reason.startswith("%d fits" % limit):
+        # The curve moved just below the batch: step down decisively, so that the next report's
+        # noise does not bring another change (a run of small moves raised a real job's peaks
+        # by up to 10 %: the first step at each new size runs low, the next ones high).
+        lower = max(1, int(current * (1 - cfg.min_gain)))
+        limit, reason = lower, "%d fits no longer: down to %d, %.0f %% below it (%s)" % (
+            current, lower, 100 * cfg.min_gain, reason)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:

@@ -1,20 +1,23 @@
 """A job's memory curve, peak(batch) = fixed + per_sample x batch, learned from its reports.
 
 The predicted peak is deliberately an *upper* bound: the batch it allows is safe, not merely
-likely. Four ideas make it so:
+likely. What makes it so (docs/policy.md gives the measurements behind each):
+- a session's first step is a warm-up (optimizers allocate their state on it): never fitted
+  once a later report exists; the first step after a change of batch only until a later one at
+  that batch;
 - one report (b, p) with nothing else known bounds per_sample by p / b (fixed >= 0), so
   b_max = b x budget / p is provably safe and is the natural second point;
 - with two or more batch sizes, a least-squares line through each batch size's median report
-  (weighted by its reports), raised by the headroom one step needs above it (the 90th
-  percentile of the reports' excess) and widened by the line's confidence band,
-  Z x sigma x sqrt(1/W + (b - mean)^2 / Sxx) (noise assumed ``noise`` x peak, blended with the
-  scatter the job shows): tight near the batches seen, growing like the slope's standard error
-  far from them;
+  (weighted by its reports), raised by the headroom one step needs above it and widened by the
+  line's confidence band, Z x sigma x sqrt(1/W + (b - mean)^2 / Sxx) (sigma: an assumed 2 %
+  blended with the scatter the job shows); the headroom is the larger of the excess the job
+  showed and the spread assumed until it shows its own (assumed_spread);
 - what was seen beats what the line extrapolates: the highest report at a batch size (plus
-  twice the noise) bounds the peak at that batch and every smaller one, and a batch whose
-  highest report plus the noise fits the budget is kept;
-- per batch size, an isolated allocator spike (far above the others) is ignored once enough
-  reports exist; repeated spikes are believed.
+  twice the spread) bounds the peak at that batch and every smaller one, and a batch whose
+  highest report plus the spread fits the budget is kept;
+- where an overshoot kills (``kills``: host or unified memory) no report is forgiven and the
+  highest seen floors the prediction; on a GPU an isolated allocator spike (far above the
+  others at one batch size) is ignored once enough reports exist, repeated spikes believed.
 A prior (from the job's hints, via the estimators) is used only until reports exist, and the
 controller never jumps on a prior alone.
 """
@@ -44,6 +47,9 @@ class Observation:
     # A session's first step: optimizers allocate their state on it (AdamW: twice the trained
     # parameters), so its peak may be far below the job's. Never fitted once a later one exists.
     warmup: bool = False
+    # The first step at a batch size after a change: the allocator meets new sizes (on the CPU
+    # it ran 40-70 MiB low, then steady). Fitted only until a later report at its batch exists.
+    settling: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,8 +132,11 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         kills: bool = False) -> Optional[Curve]:
     """The curve through ``observations``; ``kills``: an overshoot is a kill, so no report is
     forgiven as a spike and a seen peak floors the prediction (Curve.floor). A warm-up
-    observation counts only while it is the only one: then nothing is fitted."""
+    observation counts only while it is the only one: then nothing is fitted; a settling one
+    only until a later report at its batch size exists."""
     observations = [o for o in observations if not o.warmup]
+    settled = {o.batch for o in observations if not o.settling}
+    observations = [o for o in observations if not (o.settling and o.batch in settled)]
     points = aggregate(observations, forgive_spikes=not kills)
     if not points:
         if prior is None:

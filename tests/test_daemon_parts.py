@@ -255,3 +255,20 @@ def test_killed_sampler_thread_stops_watchdog_pings(tmp_path, notify_socket):
         daemon.stop()
         runner.join(timeout=5)
         daemon.shutdown()
+
+
+def test_docs_configuration_lists_every_key_with_its_default():
+    """docs/configuration.md is the user's reference: every key, and each policy default as set."""
+    import re
+    from pathlib import Path
+
+    from memd.config import Config, PolicyConfig
+
+    text = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", text, re.M))
+    for f in dataclasses.fields(Config):
+        if f.name != "policy":
+            assert f.name in rows, "docs/configuration.md misses %s" % f.name
+    for f in dataclasses.fields(PolicyConfig):
+        assert f.name in rows, "docs/configuration.md misses policy.%s" % f.name
+        assert float(rows[f.name].strip().strip("`")) == float(f.default), (f.name, rows[f.name], f.default)

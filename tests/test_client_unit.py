@@ -111,3 +111,34 @@ print(ok, before - rss())
     out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
     ok, released = out.stdout.split()
     assert ok == "True" and int(released) > 60 * 2 ** 20
+
+
+def test_a_step_trims_only_while_that_is_cheap_beside_it():
+    """A 1.3 s CPU step and a 20 ms trim (the GPT job's, 1.5 %): trimmed every step. Shorter
+    steps, or a trim grown past the session's timeout: trimmed no more."""
+    from memd.client.heap import StepTrimmer
+
+    now, trims = [0.0], []
+
+    def trim():
+        trims.append(now[0])
+        now[0] += cost[0]
+
+    cost = [0.0]
+    trimmer = StepTrimmer(share=0.02, limit=0.05, trim=trim, clock=lambda: now[0])
+    trimmer.step_ended()  # the first boundary: no step to weigh it against
+    for _ in range(3):
+        now[0] += 1.3  # a step
+        cost[0] = 0.02
+        trimmer.step_ended()
+    assert len(trims) == 3
+    for _ in range(3):
+        now[0] += 0.5  # shorter steps: 20 ms is more than 2 % of 0.5 s
+        trimmer.step_ended()
+    assert len(trims) == 3
+    now[0] += 10.0
+    cost[0] = 0.2  # a huge heap: 200 ms, under 2 % of a 10 s step, but over the timeout
+    trimmer.step_ended()
+    now[0] += 10.0
+    trimmer.step_ended()
+    assert len(trims) == 4

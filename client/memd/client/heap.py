@@ -1,16 +1,19 @@
-"""Give the C heap's free pages back to the kernel when a job's batch size changes.
+"""Give the C heap's free pages back to the kernel between training steps.
 
-glibc keeps memory a program frees for reuse, and a step at a new batch size allocates tensors
-of new sizes that the old sizes' free chunks cannot hold, so each change of batch leaves the
-heap holding the old sizes' chunks besides the new ones: measured on a GPT-style CPU job, the
-same batch peaked 6-10 % higher after a few changes than in a fresh process (docs/policy.md).
-``malloc_trim(0)`` returns every free page, holes in the middle of the heap included, so the new
-batch is charged for its own memory only. It costs a few milliseconds per GB of heap, once per
-change of batch; elsewhere (musl, macOS) there is nothing to call and it does nothing.
+glibc keeps memory a program frees for reuse: a CPU training step's activations, freed at its
+end, stay resident (and charged to the job's cgroup) in chunks the next step's tensors may not
+fit, so a step's peak rides on what earlier steps left. Measured on a GPT-style CPU job in a
+1 GiB cgroup (docs/results.md): after a few changes of batch the same batch peaked 6-10 % higher
+than in a fresh process, and even at one batch its peaks were bimodal and crept up by 10 % over
+a dozen steps (939-1049 MiB); trimmed after every step they held at 930-940 MiB, for 2.5 % of
+the run's time.
+``malloc_trim(0)`` returns every free page, holes in the middle of the heap included. Elsewhere
+(musl, macOS) there is nothing to call and it does nothing.
 """
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any, Optional
 
 _trim: Optional[Any] = None
@@ -35,3 +38,21 @@ def trim_heap() -> bool:
         return True
     except Exception:
         return False
+
+
+class StepTrimmer:
+    """Trims at the end of a step while that is cheap beside it: the last trim took at most
+    ``share`` of the time since the previous step ended, and at most ``limit`` seconds."""
+
+    def __init__(self, share: float = 0.05, limit: float = 0.05, trim=None, clock=time.monotonic):
+        self.share, self.limit = share, limit
+        self.trim, self.clock = trim or trim_heap, clock
+        self.cost = 0.0  # seconds the last trim took
+        self.boundary: Optional[float] = None  # when the previous step ended
+
+    def step_ended(self) -> None:
+        now = self.clock()
+        if self.boundary is not None and self.cost <= min(self.limit, self.share * (now - self.boundary)):
+            self.trim()
+            self.cost = self.clock() - now
+        self.boundary = self.clock()

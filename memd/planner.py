@@ -83,10 +83,22 @@ def check_remembered(session: Session, first: Observation) -> None:
         session.remembered = []
 
 
+def steadied(pool: budget.Pool, session: Session, job: Optional[JobMemory]) -> budget.Pool:
+    """A host pool's room (free plus what the trainer holds), as the larger of this job read's
+    and the one before: a read that lands in a step's large free comes tens of MiB low (one in
+    forty after the sampler's median), and a real drop shows in two reads in a row."""
+    if pool.name != budget.HOST or pool.own_bytes is None or job is None:
+        return pool
+    if not session.rooms or session.rooms[-1][0] != job.monotonic:
+        session.rooms.append((job.monotonic, pool.free_bytes + pool.own_bytes))
+    room = max(r for _, r in session.rooms)
+    return replace(pool, free_bytes=max(0, room - pool.own_bytes))
+
+
 def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions: Iterable[Session],
                  jobs: Dict[int, JobMemory], cfg: PolicyConfig) -> Decision:
     job = jobs.get(session.pid) if session.local else None
-    pool = pool_for(session, snapshot, job, cfg)
+    pool = steadied(pool_for(session, snapshot, job, cfg), session, job)
     pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic))
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
     greedy = pool.budget(held_now)
@@ -111,7 +123,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     decision = decide(
         curve, None if gpu_gone else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
-        held_peak=held_now,
+        held_peak=held_now, settling=_settling(session),
         worker_bytes=job.worker_bytes if job is not None else None,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
@@ -129,6 +141,12 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     return decision
+
+
+def _settling(session: Session) -> bool:
+    """The job's latest report is its first at the planned batch since a change of batch."""
+    last = session.observations[-1] if session.observations else None
+    return last is not None and last.settling and last.batch == session.state.batch
 
 
 def prior_from_hints(hints: Dict[str, object]) -> Optional[Prior]:

@@ -46,8 +46,9 @@ def test_session_follows_reported_curve_then_backs_off_on_oom(any_memd):
         time.sleep(FRESH)  # let the cached plan go stale
         plan = s.plan()
         assert plan.batch_size > 8, plan
-        # Following the plan, the job converges near the largest batch that truly fits.
-        for _ in range(3):
+        # Following the plan, the job converges near the largest batch that truly fits (each
+        # move waits for a second step at its batch: the first after a change runs low).
+        for _ in range(6):
             reports = session_view(memd, "curve")["reports"]
             s.report(batch_size=plan.batch_size, peak_bytes=GB + plan.batch_size * 10 ** 7)
             assert wait_for(lambda: session_view(memd, "curve")["reports"] > reports)

@@ -117,7 +117,7 @@ def test_small_moves_do_not_change_the_batch():
         budget = 330 * MiB + 18 * MiB * fits
         from memd.policy.budget import Pool
         pool = Pool("host", "cpu", GiB, budget, None, 0)
-        return decide(curve, pool, Limits(), ControlState(batch=current), "ok", CFG).plan
+        return decide(curve, pool, Limits(), ControlState(batch=current), "ok", CFG, latest_batch=current).plan
 
     assert plan(38, 39).batch_size == 38 and "not worth a change" in plan(38, 39).reason
     assert plan(38, 40).batch_size == 40  # 5 %: worth it
@@ -134,3 +134,54 @@ def test_the_first_step_after_a_change_counts_until_the_next_one():
                  Observation(6891, 7517 * MiB), Observation(6891, 7521 * MiB)], kills=True)
     assert later.band[1] == 3  # the line is drawn through three reports: the low first one is gone
     assert later.observed[-1] == (6891, 7521 * MiB) and later.floor(6891) == 7521 * MiB
+
+
+def test_a_batch_that_stopped_fitting_is_not_tried_again_while_the_pool_stands():
+    """The GPT job's peaks straddle its budget, and its plans went 40 36 39 37 35 40 37 35 ...:
+    each return to the edge was another chance of a kill, and each change cost memory. Once the
+    job's steps at 40 say it stops fitting, the plan moves down and stays; when the pool itself
+    grows, it may grow again. A dip in the budget before any step at the batch is no evidence."""
+    from memd.policy.budget import Pool
+
+    budget = 330 * MiB + 18 * MiB * 38
+
+    def step(state, fits, grown=0.0, reported=None):  # a curve under which ``fits`` is the largest that fits
+        curve = Curve(330 * MiB, (budget - 330 * MiB) / (fits + 0.5), "fit", 5, 1.0)
+        decision = decide(curve, Pool("host", "cpu", GiB, int(budget * (1 + grown)), None, 0), Limits(), state,
+                          "ok", CFG, latest_batch=state.batch if reported is None else reported)
+        return decision.plan, decision.state
+
+    plan, state = step(ControlState(batch=40), fits=39, reported=36)  # no step at 40 yet: no evidence
+    assert plan.batch_size == 39 and state.cap is None
+    plan, state = step(ControlState(batch=40), fits=39)  # the job's steps at 40
+    assert plan.batch_size == 38 and state.cap[:2] == (40, 38) and "down to 38" in plan.reason
+    plan, state = step(state, fits=40)  # low reports at 38 make 40 look possible again
+    assert plan.batch_size == 38 and "40 stopped fitting this run" in plan.reason
+    plan, state = step(state, fits=40, grown=0.05)  # another job left: the pool grew
+    assert plan.batch_size > 40 and state.cap is None
+    settling = decide(Curve(330 * MiB, 18 * MiB, "fit", 5, 1.0), Pool("host", "cpu", GiB, budget, None, 0),
+                      Limits(), ControlState(batch=36), "ok", CFG, settling=True).plan
+    assert settling.batch_size == 36 and "until a second step" in settling.reason
+
+
+def test_one_low_read_of_the_pool_does_not_move_the_plan_but_two_do():
+    """Reads of the job's group mid-step agree at 1118-1120 MiB of room (free + what the trainer
+    holds), but one in forty lands in a step's large free and comes ~30 MiB low (measured: 1085).
+    The larger of the last two reads is taken: one low read is ignored, a real drop is seen in
+    two."""
+    from memd.planner import steadied
+    from memd.sessions import Session
+
+    session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
+                      created=0.0, last_seen=0.0)
+
+    def room(usage, rss, at):
+        job = job_in_cgroup(usage, rss)
+        job = JobMemory(**{**job.__dict__, "monotonic": at})
+        pool = steadied(host_pool(host(), job, CFG), session, job)
+        return (pool.free_bytes + pool.own_bytes) // MiB
+
+    assert room(577, 672, at=1.0) == 1119
+    assert room(612, 672, at=3.0) == 1119  # low (1084): the read before stands
+    assert room(577, 672, at=3.0) == 1119  # the same read again is not counted twice
+    assert room(612, 672, at=5.0) == 1084  # low twice in a row: a real drop

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from memd.client.plan import Plan, split_batch
 from memd.config import PolicyConfig
@@ -45,6 +45,10 @@ class ControlState:
     ceiling: Optional[int] = None  # largest batch allowed since an OOM
     stable: int = 0  # clean reports since the last cut
     critical_cut: bool = False  # the batch was already cut in the current critical episode
+    # (a batch whose own steps stopped fitting this run, the batch the plan moved down to, the
+    # budget then): the plan grows no further than the second until the budget grows, so a job
+    # whose peaks straddle its budget settles instead of trying the edge again and again.
+    cap: Optional[Tuple[int, int, int]] = None
 
 
 @dataclass(frozen=True)
@@ -72,22 +76,19 @@ def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig
 def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: ControlState, level: str,
            cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
            worker_bytes: Optional[List[int]] = None, host_total_bytes: Optional[int] = None,
-           host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None) -> Decision:
+           host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
+           settling: bool = False) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
-    measured; by default its latest peak."""
+    measured; by default its latest peak. ``settling``: the latest report is the first at its
+    batch since a change (fit.Observation.settling)."""
     budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
-    if current is not None and current < limit < current * (1 + cfg.min_gain):
-        limit, reason = current, "keeping %d: %d would fit, a gain under %.0f %% is not worth a change of batch" % (
-            current, limit, 100 * cfg.min_gain)
-    elif current is not None and current * (1 - cfg.min_gain) < limit < current and reason.startswith("%d fits" % limit):
-        # The curve moved just below the batch: step down decisively, so that the next report's
-        # noise does not bring another change (a run of small moves raised a real job's peaks
-        # by up to 10 %: the first step at each new size runs low, the next ones high).
-        lower = max(1, int(current * (1 - cfg.min_gain)))
-        limit, reason = lower, "%d fits no longer: down to %d, %.0f %% below it (%s)" % (
-            current, lower, 100 * cfg.min_gain, reason)
+    cap = state.cap
+    if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
+        cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
+    if current is not None and budget is not None and curve is not None:
+        limit, reason, cap = _steady(limit, reason, current, latest_batch == current, settling, cap, budget, cfg)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -142,8 +143,37 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4,
     )
     predicted = curve.peak(batch) if curve is not None else None
-    new_state = replace(state, batch=batch, critical_cut=critical_cut)
+    new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap)
     return Decision(plan, new_state, budget, predicted)
+
+
+def _steady(limit: int, reason: str, current: int, reported_here: bool, settling: bool,
+            cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig):
+    """Fewer, surer changes of batch: each costs the job memory and a DataLoader rebuild, and a
+    run of small moves raised a real job's peaks by up to 10 % (the first step at a new size runs
+    low, the next ones high). Growth waits for a second report at the batch, must gain min_gain,
+    and stops for the run where the job's own steps said a batch no longer fits; such a move down
+    goes min_gain below the batch. Returns (limit, reason, cap)."""
+    if limit > current:
+        if settling:
+            return current, "keeping %d until a second step there: a batch's first step after a change runs low" % (
+                current), cap
+        if cap is not None and limit > cap[1]:
+            if cap[1] <= current:
+                return current, "keeping %d: %d stopped fitting this run" % (current, cap[0]), cap
+            limit, reason = cap[1], "%d: %d stopped fitting this run" % (cap[1], cap[0])
+        if limit < current * (1 + cfg.min_gain):
+            return current, "keeping %d: %d would fit, a gain under %.0f %% is not worth a change of batch" % (
+                current, limit, 100 * cfg.min_gain), cap
+        return limit, reason, cap
+    if limit < current and reported_here and not reason.startswith("probing"):
+        # The job's own steps at this batch say it no longer fits: go decisively below, and stay.
+        if limit > current * (1 - cfg.min_gain):
+            lower = max(1, int(current * (1 - cfg.min_gain)))
+            limit, reason = lower, "%d fits no longer: down to %d, %.0f %% below it (%s)" % (
+                current, lower, 100 * cfg.min_gain, reason)
+        cap = (current, limit, budget)
+    return limit, reason, cap
 
 
 def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, current: Optional[int],

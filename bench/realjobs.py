@@ -67,6 +67,7 @@ ROWS = {r.name: r for r in (
     Row("cnn-1g", "cnn", 1 * GiB, 32),
     Row("cnn-2g", "cnn", 2 * GiB, 32),
     Row("embed-8g", "embed", 8 * GiB, 256),
+    Row("workers-2g", "workers", 2 * GiB, 32),  # two DataLoader workers, each copying the dataset it reads
 )}
 
 

@@ -6,6 +6,10 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
   gpt    a GPT-style decoder (tied embeddings, causal SDPA attention), vocab 4096, 256 tokens
   cnn    a small CNN (conv, batch norm, ReLU) on 64x64 RGB image tensors
   embed  a recommender: a 6M x 64 embedding table (SparseAdam) pooled over 256 ids a sample
+  workers  the cnn (2 channels) fed by --workers DataLoader workers (persistent, shuffled) from a
+         dataset kept as Python objects: 1,200 records of 8,192 floats (300 MB); reading a record
+         writes its objects' reference counts, so each forked worker grows toward a copy of it
+         (seed 004): within a few epochs of a few batches each
   tiny   the gpt layout at a tenth of the cost, for the test suite
 Methods (where the batch size comes from):
   fixed                --batch N, every step
@@ -98,14 +102,14 @@ class GPT(nn.Module):
 
 
 class CNN(nn.Module):
-    def __init__(self, width: int, classes: int = 100):
+    def __init__(self, width: int, classes: int = 100, channels: int = 3):
         super().__init__()
 
         def block(i, o):
             return [nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(inplace=True)]
 
         w = width
-        self.net = nn.Sequential(*block(3, w), *block(w, w), nn.MaxPool2d(2), *block(w, 2 * w), *block(2 * w, 2 * w),
+        self.net = nn.Sequential(*block(channels, w), *block(w, w), nn.MaxPool2d(2), *block(w, 2 * w), *block(2 * w, 2 * w),
                                  nn.MaxPool2d(2), *block(2 * w, 4 * w), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
                                  nn.Linear(4 * w, classes))
 
@@ -125,11 +129,27 @@ class Recommender(nn.Module):
         return F.binary_cross_entropy_with_logits(self.mlp(self.table(ids).mean(1)).squeeze(1), clicks)
 
 
+class Records(torch.utils.data.Dataset):
+    """Images kept as Python lists of floats, normalised in Python when read (a common first
+    dataset): every read writes the reference counts of a record's 8,192 float objects."""
+
+    def __init__(self, count: int = 1200, floats: int = 8192):
+        self.rows = [[float((i * 7919 + j) % 256) for j in range(floats)] for i in range(count)]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return torch.tensor([v / 255.0 for v in self.rows[i]]).view(2, 64, 64), i % 100
+
+
 class Shape:
     """A model, its optimizers, and one synthetic sample (or a whole batch of them)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, workers: int = 2):
         self.name = name
+        self.workers = workers
+        self.loader = None
         torch.manual_seed(0)
         if name in ("gpt", "tiny"):
             vocab, seq, d, heads, layers = (4096, 257, 128, 4, 2) if name == "gpt" else (512, 65, 64, 4, 1)
@@ -142,6 +162,10 @@ class Shape:
             rows, d, ids = 6_000_000, 64, 256
             self.model = Recommender(rows, d)
             self.sample = lambda n: (torch.randint(0, rows, (n, ids)), torch.rand(n))
+        elif name == "workers":
+            self.model = CNN(8, channels=2)
+            self.records = Records()
+            self.sample = self._from_loader
         else:
             raise SystemExit("unknown shape %r" % name)
         if name == "embed":
@@ -159,8 +183,23 @@ class Shape:
             opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
+    def _from_loader(self, n: int):
+        """The next batch of ``n`` from a DataLoader over the records, rebuilt when ``n``
+        changes (as a training loop following a plan rebuilds it)."""
+        if self.loader is None or self.loader.batch_size != n:
+            self.loader = torch.utils.data.DataLoader(self.records, batch_size=n, shuffle=True, drop_last=True,
+                                                      num_workers=self.workers, persistent_workers=self.workers > 0)
+            self.batches = iter(self.loader)
+        try:
+            return next(self.batches)
+        except StopIteration:  # the next epoch, from the same (persistent) workers
+            self.batches = iter(self.loader)
+            return next(self.batches)
+
     def dataset(self):
         """The same samples as a map-style Dataset, for the frameworks' own loaders."""
+        if self.name == "workers":
+            return self.records
         sample = self.sample
 
         class Synthetic(torch.utils.data.Dataset):
@@ -297,7 +336,8 @@ def method_lightning(shape: Shape, args, mode: str) -> None:
             return shape.optimizers
 
         def train_dataloader(self):
-            return torch.utils.data.DataLoader(shape.dataset(), batch_size=self.batch_size)
+            return torch.utils.data.DataLoader(shape.dataset(), batch_size=self.batch_size, num_workers=shape.workers,
+                                               persistent_workers=shape.workers > 0, shuffle=shape.name == "workers")
 
     import tempfile
 
@@ -310,7 +350,8 @@ def method_lightning(shape: Shape, args, mode: str) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", required=True, choices=("gpt", "cnn", "embed", "tiny"))
+    parser.add_argument("--shape", required=True, choices=("gpt", "cnn", "embed", "workers", "tiny"))
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (--shape workers)")
     parser.add_argument("--method", required=True, choices=METHODS)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, help="the batch for --method fixed")
@@ -321,7 +362,7 @@ def main(argv=None) -> None:
     args.job = args.job or "bench-%s" % args.shape
     if args.method == "fixed" and not args.batch:
         parser.error("--method fixed needs --batch")
-    shape = Shape(args.shape)
+    shape = Shape(args.shape, args.workers if args.shape == "workers" else 0)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())
     if args.method.startswith("lightning-"):
         method_lightning(shape, args, args.method.split("-", 1)[1])

@@ -149,11 +149,24 @@ class Daemon:
             core.sample_errors[source] += 1
         pids = {s.pid for s in core.sessions if s.local}
         if jobs:
-            core.jobs = {pid: self.sampler.job(pid, snap.gpus) for pid in pids}
+            core.jobs = {pid: self._read_job(pid, snap) for pid in pids}
         elif not pids <= core.jobs.keys():  # a new session: its cgroup and tree bound its next plan
-            fresh = {pid: self.sampler.job(pid, snap.gpus) for pid in pids - core.jobs.keys()}
+            fresh = {pid: self._read_job(pid, snap) for pid in pids - core.jobs.keys()}
             core.jobs = {**core.jobs, **fresh}  # published whole, never mutated in place
         core.sampler_heartbeat = self.clock()
+
+    def _read_job(self, pid: int, snap):
+        """A job's tree and cgroup. A cgroup that could not be read this time keeps its last
+        reading (counted as a sampling error): unknown is not unlimited, and a job bounded by a
+        1 GiB group must never be budgeted from the machine's RAM because one read failed."""
+        job = self.sampler.job(pid, snap.gpus)
+        failed = [m for source, m in job.errors if source == "cgroup"]
+        if failed:
+            self.core.sample_errors["cgroup"] += len(failed)
+            last = self.core.jobs.get(pid)
+            if job.cgroup is None and last is not None and last.cgroup is not None and job.alive:
+                job = dataclasses.replace(job, cgroup=last.cgroup)
+        return job
 
     # -- main thread ------------------------------------------------------------------------
 

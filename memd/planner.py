@@ -90,8 +90,8 @@ def steadied(pool: budget.Pool, session: Session, job: Optional[JobMemory]) -> b
     if pool.name != budget.HOST or pool.own_bytes is None or job is None:
         return pool
     if not session.rooms or session.rooms[-1][0] != job.monotonic:
-        session.rooms.append((job.monotonic, pool.free_bytes + pool.own_bytes))
-    room = max(r for _, r in session.rooms)
+        session.rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes))
+    room = max(r for _, capacity, r in session.rooms if capacity == pool.capacity_bytes)  # one pool's reads only
     return replace(pool, free_bytes=max(0, room - pool.own_bytes))
 
 

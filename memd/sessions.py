@@ -58,8 +58,9 @@ class Session:
     # (when, the largest peak reported since the last OOM, as of then): what the job's allocator holds
     held: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
     latest_batch: Optional[int] = None
-    # (job read's monotonic time, free + held) of the last two reads of a host pool (planner.steadied)
-    rooms: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=2))
+    # (job read's monotonic time, capacity, free + held) of the last two reads of a host pool
+    # (planner.steadied)
+    rooms: Deque[Tuple[float, int, int]] = field(default_factory=lambda: collections.deque(maxlen=2))
     reports: int = 0
     ooms: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide

@@ -272,3 +272,32 @@ def test_docs_configuration_lists_every_key_with_its_default():
     for f in dataclasses.fields(PolicyConfig):
         assert f.name in rows, "docs/configuration.md misses policy.%s" % f.name
         assert float(rows[f.name].strip().strip("`")) == float(f.default), (f.name, rows[f.name], f.default)
+
+
+def test_a_failed_cgroup_read_keeps_the_jobs_last_cgroup(tmp_path):
+    """A job bounded by its 1 GiB group must never be budgeted from the machine's RAM because one
+    read of the group failed (a real CNN run got a plan of 1762 where 677 fits, and was killed)."""
+    from memd.config import Config
+    from memd.daemon import Daemon as InProcessDaemon
+    from memd.sampling.sampler import Sampler
+    from memd.sampling.snapshot import Cgroup, JobMemory
+
+    group = Cgroup(1, "/job", 2 ** 30, 600 * 2 ** 20)
+
+    class FlakySampler(Sampler):
+        reads = 0
+
+        def job(self, pid, gpus=(), detail=True):
+            FlakySampler.reads += 1
+            alive = super().job(os.getpid(), gpus, detail=False)
+            if FlakySampler.reads == 1:
+                return JobMemory(pid, alive.processes, group, (), 1.0, 700 * 2 ** 20)
+            return JobMemory(pid, alive.processes, None, (("cgroup", "OSError: read failed"),), 2.0, 700 * 2 ** 20)
+
+    cfg = Config(endpoint="ipc://%s/inproc.sock" % tmp_path, metrics_address="off", state_dir=str(tmp_path / "state"))
+    daemon = InProcessDaemon(cfg, sampler=FlakySampler(gpus=None))
+    snap = daemon.sampler.sample()
+    daemon.core.jobs = {os.getpid(): daemon._read_job(os.getpid(), snap)}
+    again = daemon._read_job(os.getpid(), snap)
+    assert again.cgroup == group and again.monotonic == 2.0  # the new read, with the group it last had
+    assert daemon.core.sample_errors["cgroup"] == 1

@@ -185,3 +185,7 @@ def test_one_low_read_of_the_pool_does_not_move_the_plan_but_two_do():
     assert room(612, 672, at=3.0) == 1119  # low (1084): the read before stands
     assert room(577, 672, at=3.0) == 1119  # the same read again is not counted twice
     assert room(612, 672, at=5.0) == 1084  # low twice in a row: a real drop
+    # A read that saw no group (the machine's ~20 GB) is another pool: never mixed with the group's.
+    job = JobMemory(pid=7, processes=(), cgroup=None, errors=(), monotonic=7.0, trainer_rss_bytes=672 * MiB)
+    assert steadied(host_pool(host(), job, CFG), session, job).capacity_bytes == 24 * GiB
+    assert room(577, 672, at=9.0) == 1119

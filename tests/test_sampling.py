@@ -396,3 +396,28 @@ def test_a_real_jobs_rss_is_read_with_its_cgroup():
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_jobs_cpus_are_its_affinity_within_its_cgroup_quota(tmp_path):
+    """Four CPUs allowed, a Slurm step's quota of 2.5 (its parent's 3 binds less): 2.5 usable."""
+    root = str(tmp_path)
+    proc = os.path.join(root, "proc")
+    write(root, "proc/meminfo", "MemTotal: 8000000 kB\nMemAvailable: 6000000 kB\n")
+    write(root, "proc/self/mountinfo", V1_MOUNTINFO.format(root=root) +
+          "36 31 0:33 / {root}/sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu\n".format(root=root))
+    fixture_process(proc, 42, 1, "trainer", rollup="Rss: 3000 kB\n")
+    write(root, "proc/42/cgroup", "5:cpu:/slurm/step0\n4:memory:/slurm/step0\n")
+    write(root, "proc/42/status", "Name:\ttrainer\nCpus_allowed_list:\t0-2,5\n")
+    write(root, "sys/fs/cgroup/cpu/slurm/cpu.cfs_quota_us", "300000\n")
+    write(root, "sys/fs/cgroup/cpu/slurm/cpu.cfs_period_us", "100000\n")
+    write(root, "sys/fs/cgroup/cpu/slurm/step0/cpu.cfs_quota_us", "250000\n")
+    write(root, "sys/fs/cgroup/cpu/slurm/step0/cpu.cfs_period_us", "100000\n")
+    write(root, "sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n")
+    write(root, "sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n")
+    write(root, "sys/fs/cgroup/memory/slurm/step0/memory.usage_in_bytes", "1000\n")
+    write(root, "sys/fs/cgroup/memory/slurm/step0/memory.stat", "hierarchical_memory_limit 2000000000\n")
+    job = Sampler(proc_root=proc, etc_root=root, apple_silicon=False).job(42)
+    assert job.cpus == 2.5
+    write(root, "sys/fs/cgroup/cpu/slurm/step0/cpu.cfs_quota_us", "-1\n")
+    write(root, "sys/fs/cgroup/cpu/slurm/cpu.cfs_quota_us", "-1\n")
+    assert Sampler(proc_root=proc, etc_root=root, apple_silicon=False).job(42).cpus == 4  # affinity alone

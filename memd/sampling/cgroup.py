@@ -65,8 +65,42 @@ def _memberships(path: str) -> Dict[str, str]:
     return found
 
 
+def read_cpu_limit(pid: Optional[int] = None, proc_root: str = "/proc") -> Optional[float]:
+    """The CPUs a process's cgroup lets it use (its CFS quota over its period, the smallest along
+    the path to the root); None when unlimited or unreadable as such. Raises OSError/ValueError
+    on unreadable files, like read_cgroup."""
+    who = str(pid) if pid is not None else "self"
+    memberships = _memberships(os.path.join(proc_root, who, "cgroup"))
+    mounts = _mounts(os.path.join(proc_root, "self", "mountinfo"))
+    limit: Optional[float] = None
+    if "cpu" in memberships and "cpu" in mounts:
+        walk, top = _directory(mounts["cpu"], memberships["cpu"]), mounts["cpu"].point
+        while True:
+            quota = _int_file(os.path.join(walk, "cpu.cfs_quota_us"), missing_ok=True)
+            period = _int_file(os.path.join(walk, "cpu.cfs_period_us"), missing_ok=True)
+            if quota is not None and quota > 0 and period:
+                limit = quota / period if limit is None else min(limit, quota / period)
+            if os.path.normpath(walk) == os.path.normpath(top) or os.path.dirname(walk) == walk:
+                return limit
+            walk = os.path.dirname(walk)
+    if "" in memberships and "" in mounts:
+        walk, top = _directory(mounts[""], memberships[""]), mounts[""].point
+        while True:
+            try:
+                with open(os.path.join(walk, "cpu.max")) as f:
+                    quota, _, period = f.read().strip().partition(" ")
+                if quota != "max" and period:
+                    limit = int(quota) / int(period) if limit is None else min(limit, int(quota) / int(period))
+            except FileNotFoundError:
+                pass
+            if os.path.normpath(walk) == os.path.normpath(top) or os.path.dirname(walk) == walk:
+                return limit
+            walk = os.path.dirname(walk)
+    return limit
+
+
 def _mounts(path: str) -> Dict[str, _Mount]:
-    """"memory" -> the v1 memory mount, "" -> the v2 mount, from mountinfo."""
+    """"memory" and "cpu" -> their v1 mounts, "" -> the v2 mount, from mountinfo."""
     found: Dict[str, _Mount] = {}
     with open(path) as f:
         for line in f:
@@ -78,8 +112,10 @@ def _mounts(path: str) -> Dict[str, _Mount]:
             root, point = _unescape(fields[3]), _unescape(fields[4])
             if fstype == "cgroup2" and "" not in found:
                 found[""] = _Mount(root, point, 2)
-            elif fstype == "cgroup" and "memory" in options and "memory" not in found:
-                found["memory"] = _Mount(root, point, 1)
+            elif fstype == "cgroup":
+                for controller in ("memory", "cpu"):
+                    if controller in options and controller not in found:
+                        found[controller] = _Mount(root, point, 1)
     return found
 
 

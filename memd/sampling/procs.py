@@ -160,6 +160,22 @@ def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int
     return values["Rss"], values.get("Pss"), uss
 
 
+def read_cpus_allowed(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """How many CPUs the process may run on (its affinity: Cpus_allowed_list)."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "status")) as f:
+            for line in f:
+                if line.startswith("Cpus_allowed_list:"):
+                    count = 0
+                    for part in line.split(":", 1)[1].strip().split(","):
+                        low, _, high = part.partition("-")
+                        count += int(high or low) - int(low) + 1
+                    return count
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def read_rss(pid: int, proc_root: str = "/proc") -> Optional[int]:
     """The process's resident set now (statm: ~20 us, cheap enough to pair with another read)."""
     try:

@@ -94,7 +94,13 @@ class Sampler:
         errors.extend(tree.errors)
         cg, rss = self._paired(pid, errors) if tree.processes else (None, None)
         return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock(),
-                         trainer_rss_bytes=rss)
+                         trainer_rss_bytes=rss, cpus=self._cpus(pid, errors) if tree.processes else None)
+
+    def _cpus(self, pid: int, errors: Errors) -> Optional[float]:
+        """The CPUs the trainer may use: its affinity, within its cgroup's CPU quota."""
+        known = [c for c in (procs.read_cpus_allowed(pid, self.proc_root),
+                             _guard(errors, "cgroup", cgroup.read_cpu_limit, pid, self.proc_root)) if c is not None]
+        return float(min(known)) if known else None
 
     def _paired(self, pid: int, errors: Errors):
         """The job's cgroup and the trainer's RSS as of one instant (the budget adds what the job

@@ -111,6 +111,7 @@ class JobMemory:
     # The trainer's resident set, read right beside the cgroup's usage (the tree's slower read
     # lags a growing step by tens of MB): with it, free and held describe one instant.
     trainer_rss_bytes: Optional[int] = None
+    cpus: Optional[float] = None  # CPUs the trainer may use: its affinity, within its cgroup's quota
 
     @property
     def alive(self) -> bool:

@@ -49,6 +49,9 @@ class PolicyConfig:
     # Growth smaller than this share of the batch is not worth a change: each change costs the
     # job a DataLoader rebuild and leaves the old batch's memory in its allocator.
     min_gain: float = 0.03
+    # A dataloader worker that grows is counted at what it reaches this far ahead, at its rate:
+    # a worker copying a Python-object dataset as it reads it must be cut before the pool is gone.
+    worker_horizon_seconds: float = 30.0
     plan_fresh_seconds: float = 1.0  # how long a client may serve a plan from its cache
 
 
@@ -183,6 +186,8 @@ def validate(config: Config) -> None:
             raise ConfigError("config key 'policy.%s' must be a ratio in [0, 1)" % name)
     if not p.elevated_some_avg10 <= p.high_some_avg10:
         raise ConfigError("config key 'policy.high_some_avg10' must be >= 'policy.elevated_some_avg10'")
+    if not p.worker_horizon_seconds >= 0:
+        raise ConfigError("config key 'policy.worker_horizon_seconds' must be a number of seconds >= 0")
     if p.stable_steps < 1 or not p.max_growth > 1 or not p.plan_fresh_seconds > 0:
         raise ConfigError("config keys 'policy.stable_steps' >= 1, 'policy.max_growth' > 1 and "
                           "'policy.plan_fresh_seconds' > 0 are required")

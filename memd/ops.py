@@ -34,9 +34,10 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     """Register a job.
 
     Request: job (str), pid (int), host (str), min_batch (int >= 1); optional max_batch,
-    default_batch, target_effective_batch (int >= 1), rank, local_rank, world_size (int >= 0),
-    device (str, e.g. "cuda:0"), device_uuid (str), cuda_visible_devices (str), hints (map of
-    scalars: num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...).
+    default_batch, target_effective_batch (int >= 1), rank, local_rank, world_size,
+    local_world_size (int >= 0), cpus (number: CPUs the client may run on), device (str, e.g.
+    "cuda:0"), device_uuid (str), cuda_visible_devices (str), hints (map of scalars:
+    num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...).
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     """
     limits = Limits(
@@ -65,7 +66,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         rank=_int(req, "rank", low=0), world_size=_int(req, "world_size", low=1),
         device=_str(req, "device", limit=64), device_uuid=_str(req, "device_uuid", limit=96),
         visible_devices=_str(req, "cuda_visible_devices", limit=256), hints=dict(hints),
-        prior=prior_from_hints(hints),
+        prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
+        local_world_size=_int(req, "local_world_size", low=1),
     )
     core.epoch += 1
     pool = pool_for(session, snapshot, None, core.config.policy)
@@ -93,15 +95,19 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     """What one step cost. Clients send it without waiting; the reply carries the new plan.
 
     Request: token, batch_size (int >= 1); optional peak_bytes (int >= 0; absent or null: the
-    daemon measures the job itself), base_bytes (memory held between steps), step (int >= 0),
-    step_seconds (number >= 0). Reply: plan.
+    daemon measures the job itself), base_bytes (memory held between steps), batch_bytes (one
+    batch's tensors, as a loader delivered it), step (int >= 0), step_seconds (number >= 0).
+    Reply: plan.
     """
     session = core.sessions.get(req.get("token"))
     batch = _int(req, "batch_size", required=True, low=1)
     peak = _int(req, "peak_bytes", low=0)
     base = _int(req, "base_bytes", low=0)
+    batch_bytes = _int(req, "batch_bytes", low=0)
     _int(req, "step", low=0)
     _number(req, "step_seconds")
+    if batch_bytes is not None:
+        session.batch_bytes = batch_bytes
     if peak is None:
         peak = _measure_peak(core, session)
     if peak:

@@ -6,18 +6,20 @@ registry of sessions and the pure policy.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import replace
 from typing import Dict, Iterable, Optional
 
 from memd.config import PolicyConfig
 from memd.policy import budget, estimate
-from memd.policy.controller import Decision, decide
+from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, JobMemory, Snapshot
 from memd.sessions import Session
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
+MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of each kept
 
 
 def pool_for(session: Session, snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> budget.Pool:
@@ -124,7 +126,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
         curve, None if gpu_gone else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=_settling(session),
-        worker_bytes=job.worker_bytes if job is not None else None,
+        workers=worker_facts(session, job, cfg),
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:
@@ -141,6 +143,32 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     return decision
+
+
+def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
+    """The job's workers as the policy needs them. Each worker's own memory (USS) is kept over
+    the last job reads: a worker that copies a Python-object dataset as it reads it (seed 004)
+    grows step by step, and one worker's cost is the most any reached this run, or was on its way
+    to reach within ``worker_horizon_seconds`` at the rate it grew. It is kept through a rebuild
+    of the loader: new workers start small and grow again."""
+    cpus = job.cpus if job is not None and job.cpus else session.cpus
+    if cpus and session.local_world_size:
+        cpus = cpus / session.local_world_size  # the node's ranks share its CPUs
+    uss = tuple(b for b in job.worker_bytes if b > 0) if job is not None else ()
+    if job is not None and job.monotonic != session.workers_read:
+        session.workers_read = job.monotonic
+        now = {p.pid: (p.uss_bytes if p.uss_bytes is not None else p.rss_bytes or 0)
+               for p in job.processes if p.pid != job.pid}
+        for pid in list(session.worker_uss):
+            if pid not in now:
+                del session.worker_uss[pid]  # gone: a rebuilt loader forks new ones
+        for pid, value in list(now.items())[:MAX_WORKERS]:
+            history = session.worker_uss.setdefault(pid, collections.deque(maxlen=WORKER_READS))
+            history.append((job.monotonic, value))
+            (t0, first), (t1, last) = history[0], history[-1]
+            ahead = (last - first) / (t1 - t0) * cfg.worker_horizon_seconds if t1 > t0 and last > first else 0
+            session.worker_cost = max(session.worker_cost, int(last + ahead))
+    return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes)
 
 
 def _settling(session: Session) -> bool:

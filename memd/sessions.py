@@ -58,6 +58,14 @@ class Session:
     # (when, the largest peak reported since the last OOM, as of then): what the job's allocator holds
     held: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
     latest_batch: Optional[int] = None
+    cpus: Optional[float] = None  # what the client said it may use (its affinity), before a job read
+    local_world_size: Optional[int] = None  # ranks of the job on this node
+    batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
+    # Each worker's (job read time, USS), and the most one reached or was growing to this run
+    # (planner.worker_facts)
+    worker_uss: Dict[int, Deque[Tuple[float, int]]] = field(default_factory=dict)
+    worker_cost: int = 0
+    workers_read: Optional[float] = None  # the job read they were last updated from
     # (job read's monotonic time, capacity, free + held) of the last two reads of a host pool
     # (planner.steadied)
     rooms: Deque[Tuple[float, int, int]] = field(default_factory=lambda: collections.deque(maxlen=2))

@@ -3,7 +3,7 @@ import pytest
 
 from memd.config import PolicyConfig
 from memd.policy.budget import Pool, fair_share, find_gpu, host_pool
-from memd.policy.controller import ControlState, Limits, after_oom, after_report, decide
+from memd.policy.controller import ControlState, Limits, WorkerFacts, after_oom, after_report, decide
 from memd.policy.fit import Curve, Observation, Prior, fit
 from memd.policy.pressure import PressureState, Signals, host_signals, next_state, raw_level
 from memd.sampling.snapshot import JobMemory
@@ -277,7 +277,7 @@ def test_workers_on_a_discrete_gpu_are_paid_from_host_memory():
     curve = Curve(GB, GB, "fit", 3, 1.0)
     gpu_pool = pool(capacity=80 * GB, free=60 * GB, margin=40 * GB)  # a huge GPU margin must not starve the host
     d = decide(curve, gpu_pool, Limits(num_workers=4), ControlState(batch=8), "ok", CFG,
-               worker_bytes=[2 * GB] * 4, host_total_bytes=64 * GB, host_free_bytes=10 * GB)
+               workers=WorkerFacts(uss=(2 * GB,) * 4), host_total_bytes=64 * GB, host_free_bytes=10 * GB)
     assert d.plan.num_workers == 4, d.plan.reason
 
 
@@ -306,13 +306,13 @@ def test_workers_follow_measured_cost_and_seed_table():
     curve = Curve(GB, 0.1 * GB, "fit", 3, 1.0)
     shared = Pool("host", "unified", 128 * GB, 20 * GB, 30 * GB, GB)
     d = decide(curve, shared, Limits(num_workers=8), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB,
-               latest_batch=8, worker_bytes=[4 * GB, 4 * GB], host_total_bytes=128 * GB)
+               latest_batch=8, workers=WorkerFacts(uss=(4 * GB, 4 * GB)), host_total_bytes=128 * GB)
     budget = d.budget_bytes
     spare = budget - curve.peak(d.plan.batch_size)
     assert d.plan.num_workers == min(8, 2 + int(spare // (4 * GB)))
     assert d.plan.num_workers < 8 and d.plan.prefetch_factor == 1  # memory-bound: fewer batches in flight too
     roomy = decide(curve, shared, Limits(num_workers=2, prefetch_factor=4), ControlState(batch=8), "ok", CFG,
-                   latest_peak=10 * GB, latest_batch=8, worker_bytes=[GB, GB], host_total_bytes=128 * GB)
+                   latest_peak=10 * GB, latest_batch=8, workers=WorkerFacts(uss=(GB, GB)), host_total_bytes=128 * GB)
     assert (roomy.plan.num_workers, roomy.plan.prefetch_factor) == (2, 4)  # room: the job's own choice
     unmeasured = decide(curve, shared, Limits(num_workers=8), ControlState(batch=8), "ok", CFG,
                         host_total_bytes=100 * GB)

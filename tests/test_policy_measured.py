@@ -189,3 +189,40 @@ def test_one_low_read_of_the_pool_does_not_move_the_plan_but_two_do():
     job = JobMemory(pid=7, processes=(), cgroup=None, errors=(), monotonic=7.0, trainer_rss_bytes=672 * MiB)
     assert steadied(host_pool(host(), job, CFG), session, job).capacity_bytes == 24 * GiB
     assert room(577, 672, at=9.0) == 1119
+
+
+def test_workers_that_grow_are_cut_before_the_pool_is_gone():
+    """The workers row (bench/realjobs.py): in a 2 GiB group each of two workers copied the
+    Python-object dataset it read, ~7 MiB/s (the group's peak rose 1219 -> 1558 MiB in 25 s).
+    The job asked for 4. Counted at what they reach 30 s ahead, fewer fit; after the loader is
+    rebuilt its new workers start small, and the cost learned before still holds."""
+    from memd.planner import worker_facts
+    from memd.policy.budget import Pool
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import Session
+
+    session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                      limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+
+    def read(at, workers):
+        procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
+            ProcessMemory(pid, 7, "worker", uss, None, uss) for pid, uss in workers)
+        job = JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at, cpus=2.0)
+        return worker_facts(session, job, CFG)
+
+    read(0.0, [(8, 40 * MiB), (9, 40 * MiB)])
+    read(2.0, [(8, 54 * MiB), (9, 54 * MiB)])
+    facts = read(4.0, [(8, 68 * MiB), (9, 68 * MiB)])
+    assert facts.cost == 68 * MiB + 7 * MiB * 30  # 278 MiB each, where each holds 68 now
+    curve = Curve(630 * MiB, 1.4 * MiB, "fit", 5, 1.0)
+
+    def workers(facts):  # the workers' memory now is in use: free is what the group has besides
+        shared = Pool("host", "cpu", 2 * GiB, (936 - sum(facts.uss) // MiB) * MiB, 1000 * MiB, 20 * MiB)
+        plan = decide(curve, shared, Limits(max_batch=256, num_workers=4), ControlState(batch=256), "ok", CFG,
+                      workers=facts).plan
+        return plan.num_workers, plan.prefetch_factor, plan.reason
+
+    # budget 800 + 1000 - 20 = 1780 MiB; after the batch (988) 792 spare, plus the workers' 136: 3 of 278 fit
+    assert workers(facts)[:2] == (3, 1) and "3 workers" in workers(facts)[2]
+    rebuilt = read(6.0, [(10, 12 * MiB), (11, 12 * MiB), (12, 12 * MiB)])  # fresh forks
+    assert rebuilt.cost == facts.cost and workers(rebuilt)[0] == 3

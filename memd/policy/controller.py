@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 from memd.client.plan import Plan, split_batch
 from memd.config import PolicyConfig
@@ -37,6 +37,15 @@ class Limits:
     target: Optional[int] = None  # the effective batch to keep
     num_workers: Optional[int] = None  # what the job would like (hint)
     prefetch_factor: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """What is known of a job's dataloader workers: the planner measures, the policy decides."""
+    cpus: Optional[float] = None  # CPUs one rank's trainer may use (affinity, cgroup quota, ranks on the node)
+    uss: Tuple[int, ...] = ()  # each live worker's own memory now
+    cost: Optional[int] = None  # what one worker has reached this run, or is growing to (per_worker_cost)
+    batch_bytes: Optional[int] = None  # one batch's tensors, as the loader delivered it
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,7 @@ def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig
 
 def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: ControlState, level: str,
            cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
-           worker_bytes: Optional[List[int]] = None, host_total_bytes: Optional[int] = None,
+           workers: Optional[WorkerFacts] = None, host_total_bytes: Optional[int] = None,
            host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
            settling: bool = False) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
@@ -126,7 +135,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     elif steps > 1 or batch != limit:
         reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
 
-    workers, prefetch, worker_note = _workers(limits, worker_bytes, pool, level, host_total_bytes,
+    workers, prefetch, worker_note = _workers(limits, workers or WorkerFacts(), pool, level, host_total_bytes,
                                               host_free_bytes, budget, curve, batch, cfg)
     if worker_note:
         reason += "; " + worker_note
@@ -226,35 +235,39 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
 _UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))
 
 
-def _workers(limits: Limits, worker_bytes: Optional[List[int]], pool: Optional[Pool], level: str,
-             host_total: Optional[int], host_available: Optional[int], budget: Optional[int], curve: Optional[Curve],
-             batch: int, cfg: PolicyConfig):
-    """(num_workers, prefetch_factor, note)."""
-    measured = [b for b in (worker_bytes or []) if b > 0]
-    wanted = limits.num_workers if limits.num_workers is not None else len(measured)
+def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],
+             host_available: Optional[int], budget: Optional[int], curve: Optional[Curve], batch: int,
+             cfg: PolicyConfig):
+    """(num_workers, prefetch_factor, note). What the job asked for (a hint, Session(num_workers)),
+    else the DataLoader's suggestion: as many as the CPUs it may use. Memory and pressure only cut
+    from there, and the cut goes when they allow."""
+    if limits.num_workers is not None:
+        wanted = limits.num_workers
+    else:
+        wanted = max(1, int(facts.cpus)) if facts.cpus else 0
     prefetch = limits.prefetch_factor or 2
     note = ""
     shared_pool = pool is not None and pool.kind != "discrete"
-    if measured:
-        per_worker = statistics.median(measured)
+    per_worker = facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
+    if per_worker:
         if shared_pool and budget is not None and curve is not None:
             spare = budget - curve.peak(batch)  # workers compete with the batch: batch first
         else:
             # Workers live in host RAM, which keeps its OS reserve and a margin.
             spare = host_free(host_total or 0, host_available or 0, cfg) - margin(host_total or 0, cfg)
-        affordable = max(0, len(measured) + int(spare // per_worker))
+        # Each worker costs what it reaches, and keeps prefetch_factor batches in flight (seed
+        # 004); the workers' own memory now is in use already and comes back with a cut.
+        per = per_worker + prefetch * (facts.batch_bytes or 0)
+        affordable = max(0, int((spare + sum(facts.uss)) // per))
         if affordable < wanted:
-            # Memory, not the job, limits the workers: each also keeps fewer batches in flight
-            # (seed 004: workers x prefetch_factor batches wait in host memory).
-            note = "%d workers of %.2f GB each fit, not %d; prefetch 1" % (affordable, per_worker / GB, wanted)
-            wanted = affordable
-            prefetch = 1
-    elif shared_pool and host_total:
+            per = per_worker + (facts.batch_bytes or 0)  # memory cuts the workers: one batch in flight each
+            affordable = max(0, int((spare + sum(facts.uss)) // per))
+            note = "%d workers of %.2f GB each fit, not %d; prefetch 1" % (min(affordable, wanted), per / GB, wanted)
+            wanted, prefetch = min(affordable, wanted), 1
+    elif pool is not None and pool.kind == "unified" and host_total:
         table = next(n for floor, n in _UNIFIED_WORKER_TABLE if host_total >= floor)
-        if limits.num_workers is None:
-            wanted = table
-        elif table < wanted:
-            note = "%d workers for %.0f GB of shared memory (seed 000's table)" % (table, host_total / GB)
+        if table < wanted:
+            note = "%d workers for %.0f GB of unified memory, until workers are measured" % (table, host_total / GB)
             wanted = table
     if rank(level) >= rank("high"):
         wanted = wanted // 2 if level == "high" else 0

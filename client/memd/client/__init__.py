@@ -74,6 +74,7 @@ class Session:
         default_batch: Optional[int] = None,
         device: Any = None,
         hints: Optional[Dict[str, Any]] = None,
+        num_workers: Optional[int] = None,
     ):
         self.job = job if job is not None else _default_job()
         self.endpoint = endpoint or protocol.default_endpoint()
@@ -92,6 +93,8 @@ class Session:
                              % (self.target_effective_batch, self.min_batch))
         self.device = device
         self.hints = _clean_hints(hints)
+        if num_workers is not None:  # the workers the job would like: memory and pressure only cut from there
+            self.hints["num_workers"] = _count(num_workers, "num_workers", allow_zero=True)
         self._lock = threading.Lock()
         self._reset()
         _sessions.add(self)
@@ -138,10 +141,12 @@ class Session:
         return self._plan
 
     def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,
-               step_seconds: Optional[float] = None) -> None:
+               step_seconds: Optional[float] = None, batch_bytes: Optional[int] = None) -> None:
         """Tell the daemon what a step cost. Never waits: the reply (a new plan) is picked up later.
 
-        ``peak_bytes=None`` asks the daemon to measure the job's process tree itself. A step has
+        ``peak_bytes=None`` asks the daemon to measure the job's process tree itself;
+        ``batch_bytes``: one batch's tensors (a loader's report: each worker keeps prefetch_factor
+        of them in flight). A step has
         ended, so the C heap first gives back what the step freed (``trim_heap``), while that
         costs at most 5 % of the step and never more than ``timeout``: glibc keeps a CPU step's
         freed activations resident, and the next step's peak rides on them.
@@ -153,6 +158,8 @@ class Session:
             fields["step"] = _count(step, "step", allow_zero=True)
         if step_seconds is not None:
             fields["step_seconds"] = float(step_seconds)
+        if batch_bytes is not None:
+            fields["batch_bytes"] = _count(batch_bytes, "batch_bytes", allow_zero=True)
         self._trimmer.step_ended()
         self._send_later("report", fields)
 
@@ -284,6 +291,9 @@ class Session:
                 fields[name] = getattr(self, name)
         fields.update(_distributed_identity())
         fields.update(_device_identity(self.device))
+        cpus = usable_cpus()
+        if cpus:
+            fields["cpus"] = cpus
         return fields
 
     def _call(self, op: str, deadline: float, **fields: Any) -> Dict[str, Any]:
@@ -437,7 +447,8 @@ class Session:
             reason += "; backed off to %d after an out-of-memory error" % self._ceiling
         return fallback_plan(
             min_batch=self.min_batch, max_batch=max_batch, default_batch=self.default_batch,
-            target_effective_batch=self.target_effective_batch, hints=self.hints, reason=reason, base=self._plan)
+            target_effective_batch=self.target_effective_batch, hints=self.hints, reason=reason, base=self._plan,
+            cpus=usable_cpus())
 
 
 def _decoded(data: bytes) -> Optional[Dict[str, Any]]:
@@ -488,6 +499,16 @@ def _clean_hints(hints: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return clean
 
 
+def usable_cpus() -> Optional[int]:
+    """CPUs this process may run on (its affinity), shared among the job's ranks on this node."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 0
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return max(1, cpus // int(ranks)) if ranks.isdigit() and int(ranks) > 0 and cpus else (cpus or None)
+
+
 def _default_job() -> str:
     argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
     return argv0 or "python"
@@ -495,7 +516,8 @@ def _default_job() -> str:
 
 def _distributed_identity() -> Dict[str, Any]:
     fields: Dict[str, Any] = {}
-    for name, env in (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE")):
+    for name, env in (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE"),
+                      ("local_world_size", "LOCAL_WORLD_SIZE")):
         value = os.environ.get(env)
         if value is not None and value.isdigit():
             fields[name] = int(value)

@@ -92,8 +92,10 @@ def fallback_plan(
     hints: Optional[Dict[str, Any]] = None,
     reason: str = "daemon unavailable",
     base: Optional[Plan] = None,
+    cpus: Optional[int] = None,
 ) -> Plan:
-    """A plan made without the daemon, from the caller's own defaults (or the last known plan)."""
+    """A plan made without the daemon, from the caller's own defaults (or the last known plan):
+    the workers it asked for, else as many as the CPUs it may use (the DataLoader's suggestion)."""
     hints = hints or {}
     if base is not None:
         limit = base.batch_size
@@ -101,7 +103,7 @@ def fallback_plan(
         prefetch = base.prefetch_factor
     else:
         limit = default_batch or target_effective_batch or min_batch
-        workers = _hint_int(hints, "num_workers", 0)
+        workers = _hint_int(hints, "num_workers", max(1, cpus) if cpus else 0)
         prefetch = _hint_int(hints, "prefetch_factor", 2)
     if max_batch:
         limit = min(limit, max_batch)

@@ -21,6 +21,9 @@ plan, and report every optimizer step so that the job's next run starts from its
 With Lightning, build the DataLoader with ``plan.batch_size`` and pass
 ``callbacks=[lightning_callback(s)]`` to the Trainer.
 
+For a plain loop, ``MemdLoader(dataset, s)`` is a DataLoader that follows the plan: batch size,
+workers, prefetch and throttle, rebuilt between batches without losing or repeating a sample.
+
 Imported on demand only: ``import memd.client`` never loads torch. Nothing here imports torch,
 transformers or lightning unless the caller does.
 """
@@ -34,10 +37,11 @@ from typing import Any, Dict, Iterator, Optional
 
 from . import Session
 from .heap import trim_heap
+from .loader import MemdLoader
 from .plan import PRESSURE_LEVELS, Plan, split_batch
 
 __all__ = ["agree", "agreed_plan", "guarded_step", "StepOutcome", "is_oom", "trainer_arguments", "trainer_callback",
-           "lightning_callback"]
+           "lightning_callback", "MemdLoader"]
 
 _NONE = 1 << 30  # stands for "no prefetch_factor" in the element-wise minimum
 _last_batch: "weakref.WeakKeyDictionary[Session, int]" = weakref.WeakKeyDictionary()  # guarded_step's

@@ -1,0 +1,158 @@
+"""A DataLoader that follows memd's plan: its batch size, its workers and prefetch, its throttle.
+
+    from memd import client
+    from memd.client.training import MemdLoader
+
+    with client.Session(job="vit", num_workers=8) as s:
+        loader = MemdLoader(dataset, s, shuffle=True)
+        for epoch in range(epochs):
+            for batch in loader:               # each batch is one step's: nothing else to report
+                ...
+
+Each epoch draws its order from the sampler once. When the plan's batch size, workers or
+prefetch change, the DataLoader is rebuilt at the next batch boundary over the samples the epoch
+has not delivered yet, so none is lost or repeated (batches the old workers had prefetched are
+dropped, not delivered). While the plan says ``throttle`` the loader waits before fetching more,
+up to ``throttle_wait`` seconds at a time. Each batch after the first tells the session the step
+before it ran (the daemon measures what it cost), with the batch's bytes, as ``suggest_batch``
+does; pass ``report=False`` when the loop reports its steps itself. Under torch.distributed every
+rank follows the same plan (``agreed_plan``): iterate the loader on every rank in step.
+torch is imported when a MemdLoader is built, never by ``import memd.client``.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Iterator, List
+
+from .heap import trim_heap
+
+THROTTLE_POLL = 0.05  # seconds between looks at the plan while throttled
+
+
+class _Chunks:
+    """The batch sampler the DataLoader is built with: this epoch's remaining indices, cut into
+    batches of ``size`` (re-iterable, so persistent workers serve every epoch)."""
+
+    def __init__(self, indices: List[int], size: int, drop_last: bool):
+        self.indices, self.size, self.drop_last = indices, size, drop_last
+
+    def __iter__(self):
+        for start in range(0, len(self.indices), self.size):
+            chunk = self.indices[start:start + self.size]
+            if len(chunk) < self.size and self.drop_last:
+                return
+            yield chunk
+
+    def __len__(self) -> int:
+        whole, rest = divmod(len(self.indices), self.size)
+        return whole + (1 if rest and not self.drop_last else 0)
+
+
+class MemdLoader:
+    def __init__(self, dataset: Any, session: Any, *, sampler: Any = None, shuffle: bool = False,
+                 drop_last: bool = False, persistent_workers: bool = True, report: bool = True,
+                 throttle_wait: float = 5.0, group: Any = None, **loader_kwargs: Any):
+        """``loader_kwargs`` go to every DataLoader built (collate_fn, pin_memory,
+        worker_init_fn, ...); batch size, workers and prefetch come from the plan."""
+        import torch.utils.data as data
+
+        for fixed in ("batch_size", "num_workers", "prefetch_factor", "batch_sampler"):
+            if fixed in loader_kwargs:
+                raise TypeError("MemdLoader takes %s from the plan, not as an argument" % fixed)
+        self.dataset, self.session, self.group = dataset, session, group
+        self.sampler = sampler if sampler is not None else (
+            data.RandomSampler(dataset) if shuffle else data.SequentialSampler(dataset))
+        self.drop_last, self.persistent_workers = drop_last, persistent_workers
+        self.report, self.throttle_wait = report, throttle_wait
+        self.loader_kwargs = loader_kwargs
+        self.batches = 0  # delivered, over all epochs
+        self.builds = 0  # DataLoaders built
+        self.plan = None
+        self._loader = None
+        self._config = None
+        self._last = None  # (batch size, bytes) of the batch delivered last, not yet reported
+
+    def set_epoch(self, epoch: int) -> None:
+        """Passed on to a sampler that has it (DistributedSampler)."""
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        order = list(iter(self.sampler))
+        position = 0
+        batches = None
+        while position < len(order):
+            plan = self._next_plan()
+            config = (plan.batch_size, plan.num_workers, plan.prefetch_factor if plan.num_workers else None)
+            if self._loader is None or config != self._config or batches is None:
+                if self._loader is not None and config != self._config:
+                    self._close()
+                    trim_heap()  # the old batch's and workers' memory back to the OS before the new one
+                batches = self._start(order[position:], config)
+            try:
+                indices, batch = next(batches)
+            except StopIteration:
+                break
+            position += indices
+            self._delivered(batch, indices)
+            yield batch
+
+    def _next_plan(self):
+        from .training import agreed_plan
+
+        plan = agreed_plan(self.session, self.group)
+        deadline = time.monotonic() + self.throttle_wait
+        while plan.throttle and time.monotonic() < deadline:
+            time.sleep(THROTTLE_POLL)  # memory is nearly gone: fetch nothing more for now
+            plan = agreed_plan(self.session, self.group)
+        self.plan = plan
+        return plan
+
+    def _start(self, remaining: List[int], config) -> Iterator:
+        """An iterator of (samples, batch) over ``remaining``, reusing the DataLoader (and its
+        persistent workers) when the plan has not changed."""
+        import torch.utils.data as data
+
+        size, workers, prefetch = config
+        if self._loader is None or config != self._config:
+            self._chunks = _Chunks(remaining, size, self.drop_last)
+            kwargs = dict(self.loader_kwargs)
+            if workers:
+                kwargs.update(prefetch_factor=prefetch, persistent_workers=self.persistent_workers)
+            self._loader = data.DataLoader(self.dataset, batch_sampler=self._chunks, num_workers=workers, **kwargs)
+            self._config = config
+            self.builds += 1
+        else:
+            self._chunks.indices = remaining  # a new epoch through the same workers
+        chunks = iter(self._chunks)
+        return ((len(next(chunks)), batch) for batch in self._loader)
+
+    def _delivered(self, batch: Any, samples: int) -> None:
+        self.batches += 1
+        if self.report and self._last is not None:
+            size, nbytes = self._last
+            self.session.report(size, batch_bytes=nbytes)  # the step since the last batch ran clean
+        self._last = (samples, _nbytes(batch))
+
+    def _close(self) -> None:
+        loader, self._loader = self._loader, None
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()  # persistent workers end now, not when collected
+
+    def __len__(self) -> int:
+        plan = self.plan or self.session.plan()
+        return len(_Chunks(list(range(len(self.sampler))), plan.batch_size, self.drop_last))
+
+
+def _nbytes(batch: Any) -> int:
+    """Bytes of the tensors in a batch (a tensor, or sequences and mappings of them)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    if isinstance(batch, dict):
+        return sum(_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v) for v in batch)
+    return 0

@@ -1,0 +1,121 @@
+"""MemdLoader against the real daemon, with real DataLoader workers (forked processes)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from memd import client  # noqa: E402
+from memd.client.training import MemdLoader  # noqa: E402
+from realdaemon import memd_env  # noqa: E402
+
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 203  # not a multiple of any batch: the last batch is short
+
+    def __getitem__(self, i):
+        return torch.tensor([i])
+
+
+def test_a_rebuild_mid_epoch_loses_and_repeats_no_sample(memd):
+    """Two real workers, a shuffled epoch; an out-of-memory error mid-epoch makes the daemon cut
+    the batch (8 -> 6): the loader is rebuilt there, and every sample comes exactly once."""
+    with client.Session("loader-rebuild", endpoint=memd.endpoint, timeout=1.0, default_batch=8, num_workers=2) as s:
+        loader = MemdLoader(Numbers(), s, shuffle=True, report=False)
+        seen, sizes = [], []
+        for i, batch in enumerate(loader):
+            seen.extend(int(v) for v in batch.flatten())
+            sizes.append(len(batch))
+            if i == 5:
+                s.report_oom(batch_size=8)  # waits for the daemon's smaller plan
+        assert loader.builds == 2 and loader.plan.num_workers == 2
+        assert sizes[:6] == [8] * 6 and set(sizes[6:-1]) == {6}, sizes
+        assert sorted(seen) == list(range(203))  # none lost, none repeated
+        again = [int(v) for batch in loader for v in batch.flatten()]  # the next epoch, same workers
+        assert sorted(again) == list(range(203)) and loader.builds == 2
+
+
+def test_a_job_with_no_hint_gets_workers(memd):
+    """No num_workers anywhere: the DataLoader's own suggestion, as many as the CPUs it may use."""
+    with client.Session("loader-default", endpoint=memd.endpoint, timeout=1.0, default_batch=4) as s:
+        plan = s.plan()
+        assert plan.source == "daemon"
+        assert plan.num_workers == client.usable_cpus() >= 1 and plan.prefetch_factor == 2, plan
+        loader = MemdLoader(Numbers(), s, report=False)
+        assert len(next(iter(loader))) == 4 and loader.plan.num_workers >= 1
+
+
+def test_each_batch_reports_the_step_before_it(memd):
+    """Iterating is the loop: each batch after the first reports the step before it, with the
+    batch's bytes, and the daemon measures what it cost."""
+    with client.Session("loader-report", endpoint=memd.endpoint, timeout=1.0, default_batch=8, max_batch=8,
+                        num_workers=1) as s:
+        for _ in MemdLoader(Numbers(), s):
+            pass
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            view = next(v for v in memd.call("status")["sessions"] if v["job"] == "loader-report")
+            if view["reports"] == 25:
+                break
+            time.sleep(0.05)
+        assert view["reports"] == 25  # 26 batches: each after the first reports the one before
+
+
+THROTTLED_JOB = r"""
+import json, os, sys, threading, time
+import torch
+from memd import client
+from memd.client.training import MemdLoader
+
+group = sys.argv[1]
+def room():  # what memd counts as free in the group: its limit less what it cannot give back
+    stat = dict(line.split() for line in open(os.path.join(group, "memory.stat")))
+    cache = int(stat["total_active_file"]) + int(stat["total_inactive_file"]) - int(stat["total_mapped_file"])
+    usage = int(open(os.path.join(group, "memory.usage_in_bytes")).read())
+    return int(open(os.path.join(group, "memory.limit_in_bytes")).read()) - (usage - max(0, cache))
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self): return 64
+    def __getitem__(self, i): return torch.tensor([i])
+
+s = client.Session("throttled", default_batch=4, timeout=1.0)
+s.plan()
+ballast = []
+limit = int(open(os.path.join(group, "memory.limit_in_bytes")).read())
+while room() > 0.015 * limit:  # the group all but full: memd's critical level for this job
+    block = bytearray(2 << 20)
+    block[::4096] = b"x" * len(block[::4096])
+    ballast.append(block)
+deadline = time.monotonic() + 10
+while not s.plan().throttle and time.monotonic() < deadline:
+    time.sleep(0.05)
+throttled = s.plan().throttle
+def release():
+    time.sleep(1.5)
+    ballast.clear()
+threading.Thread(target=release).start()
+started = time.monotonic()
+loader = MemdLoader(Numbers(), s, report=False, throttle_wait=10)
+first = next(iter(loader))
+print(json.dumps({"throttled": throttled, "waited": time.monotonic() - started, "after": loader.plan.throttle}))
+"""
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="needs a writable cgroup v1 memory controller")
+def test_throttle_pauses_fetching_until_memory_is_back(memd):
+    """A real job fills its real 700 MiB cgroup: the daemon plans `throttle` for it, the loader
+    fetches nothing until the job frees its ballast, then goes on by itself."""
+    from bench import memcg
+
+    with memcg.MemoryCgroup(700 * 2 ** 20) as cg:
+        out = subprocess.run([sys.executable, "-c", THROTTLED_JOB, cg.path], env=memd_env({"MEMD_ENDPOINT": memd.endpoint}),
+                             capture_output=True, text=True, timeout=120, preexec_fn=cg.join)
+        assert cg.oom_kills() == 0
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["throttled"] is True
+    assert 1.4 <= result["waited"] < 10 and result["after"] is False, result

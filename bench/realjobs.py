@@ -28,17 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +46,7 @@ from bench.memcg import MemoryCgroup, available  # noqa: E402
 
 GiB = 2 ** 30
 JOB = os.path.join(ROOT, "bench", "trainjob.py")
-MEMD_METHODS = ("report", "suggest", "helpers")
+MEMD_METHODS = ("report", "suggest", "helpers", "loader")
 PEER_METHODS = ("accelerate", "lightning-power", "lightning-binsearch")
 SETTLED = 0.05  # a run has settled once its batch stays within 5 % of its final batch
 
@@ -59,6 +57,7 @@ class Row:
     shape: str
     limit_bytes: int
     default_batch: int  # what the user would pass as suggest_batch(default=...)
+    workers: int = 0  # the DataLoader workers the job asks for (the workers shape)
 
 
 ROWS = {r.name: r for r in (
@@ -67,7 +66,7 @@ ROWS = {r.name: r for r in (
     Row("cnn-1g", "cnn", 1 * GiB, 32),
     Row("cnn-2g", "cnn", 2 * GiB, 32),
     Row("embed-8g", "embed", 8 * GiB, 256),
-    Row("workers-2g", "workers", 2 * GiB, 32),  # two DataLoader workers, each copying the dataset it reads
+    Row("workers-2g", "workers", 2 * GiB, 32, workers=4),  # each worker copies the dataset it reads
 )}
 
 
@@ -79,6 +78,7 @@ class Run:
     hwm: List[int] = field(default_factory=list)  # the process's VmHWM after each step
     trials: List[int] = field(default_factory=list)  # a finder's trial batches, in order
     last_try: Optional[int] = None  # the batch of the last step begun (where a killed run died)
+    workers: List[int] = field(default_factory=list)  # per step, when the method chose them (loader)
     reasons: List[str] = field(default_factory=list)
     oom_errors: int = 0
     killed: bool = False
@@ -113,7 +113,7 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
     if endpoint:
         env["MEMD_ENDPOINT"] = endpoint
     cmd = [sys.executable, JOB, "--shape", row.shape, "--steps", str(steps), "--default-batch",
-           str(row.default_batch)] + list(extra)
+           str(row.default_batch), "--workers", str(row.workers)] + list(extra)
     started = time.monotonic()
     with MemoryCgroup(row.limit_bytes) as cg, tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=cg.join,
@@ -133,6 +133,8 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
             except ValueError:
                 continue
             if event.get("e") == "step":
+                if "workers" in event:
+                    run.workers.append(event["workers"])
                 run.batches.append(event["batch"])
                 run.seconds.append(event["t"])
                 run.hwm.append(event["hwm"])
@@ -283,8 +285,19 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
         run = run_job(row, method, steps, daemon.endpoint, extra)
         runs.append(run)
         log("  %-20s %s" % (method, summary_line(run, found["batch"])))
-    return {"row": asdict(row), "feasible": found, "runs": [dict(asdict(r), final_batch=r.final_batch(),
-                                                                  settled_step=r.settled_at()) for r in runs]}
+    result = {"row": asdict(row), "feasible": found, "runs": [dict(asdict(r), final_batch=r.final_batch(),
+                                                                    settled_step=r.settled_at()) for r in runs]}
+    loader = next((r for r in runs if r.method == "loader" and r.completed and r.workers), None)
+    if loader is not None:
+        # "The most workers that fit": one more than the loader chose, at its batch, must not run.
+        batch, chose = loader.batches[-1], loader.workers[-1]
+        more = run_job(replace(row, workers=chose + 1), "fixed", probe_steps, None,
+                       ["--method", "fixed", "--batch", str(batch)])
+        result["workers_check"] = {"batch": batch, "loader_workers": chose, "one_more": chose + 1,
+                                   "one_more_runs": more.completed, "one_more_killed": more.killed}
+        log("  %d workers at batch %d (the loader chose %d): %s" % (chose + 1, batch, chose,
+                                                                    "runs" if more.completed else "killed"))
+    return result
 
 
 def summary_line(run: Run, feasible_batch: int) -> str:
@@ -353,6 +366,8 @@ def main(argv=None) -> int:
     parser.add_argument("--probe-steps", type=int, default=20,
                         help="steps per probing run (a peak is a draw: a short probe passes batches a long run dies at)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "real"))
+    parser.add_argument("--update", action="store_true",
+                        help="replace these rows in DIR/results.json, keeping the others (table and plots of all)")
     parser.add_argument("--feasible", default="", metavar="ROW=N,...",
                         help="skip probing for these rows (development only: the published table probes)")
     args = parser.parse_args(argv)
@@ -375,13 +390,21 @@ def main(argv=None) -> int:
             "cgroup": "v1" if os.path.isdir("/sys/fs/cgroup/memory") else "v2",
             "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "probe_steps": args.probe_steps}
     daemon = MemdDaemon()
-    results = []
+    path = os.path.join(args.out, "results.json")
+    results, metas = [], {}
+    if args.update and os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        results, metas = old["results"], old.get("metas", {r["row"]["name"]: old["meta"] for r in old["results"]})
     try:
         for row in rows:
-            results.append(bench_row(row, methods, args.steps, args.probe_steps, daemon, log, known.get(row.name)))
-            plot(results[-1], os.path.join(args.out, "%s.png" % row.name))
-            with open(os.path.join(args.out, "results.json"), "w") as f:
-                json.dump({"meta": meta, "results": results}, f, indent=1)
+            result = bench_row(row, methods, args.steps, args.probe_steps, daemon, log, known.get(row.name))
+            results = [r for r in results if r["row"]["name"] != row.name] + [result]
+            results.sort(key=lambda r: list(ROWS).index(r["row"]["name"]) if r["row"]["name"] in ROWS else 99)
+            metas[row.name] = meta
+            plot(result, os.path.join(args.out, "%s.png" % row.name))
+            with open(path, "w") as f:
+                json.dump({"meta": meta, "metas": metas, "results": results}, f, indent=1)
     finally:
         daemon.stop()
     text = table(results)

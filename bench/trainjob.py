@@ -17,6 +17,8 @@ Methods (where the batch size comes from):
                        shows), then report(batch, peak_bytes=VmHWM) and reset VmHWM
   suggest              memd: client.suggest_batch(default) alone, once a step
   helpers              memd: agreed_plan + guarded_step from memd.client.training (memd measures)
+  loader               memd: MemdLoader (--shape workers): batch, workers and prefetch from the
+                       plan, Session(num_workers=--workers); each batch reports the step before
   accelerate           accelerate's find_executable_batch_size (starting at 128, its default)
   lightning-power      Lightning's BatchSizeFinder, mode "power"
   lightning-binsearch  Lightning's BatchSizeFinder, mode "binsearch"
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -45,7 +46,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-METHODS = ("fixed", "report", "suggest", "helpers", "accelerate", "lightning-power", "lightning-binsearch")
+METHODS = ("fixed", "report", "suggest", "helpers", "loader", "accelerate", "lightning-power", "lightning-binsearch")
 
 
 def emit(**fields) -> None:
@@ -278,6 +279,33 @@ def method_helpers(shape: Shape, args) -> None:
                 continue
             emit(e="step", i=i, batch=plan.batch_size, accum=plan.grad_accum_steps,
                  dt=round(time.monotonic() - started, 3), hwm=vm_hwm(), source=plan.source, reason=plan.reason)
+
+
+def method_loader(shape: Shape, args) -> None:
+    from memd import client
+    from memd.client.training import MemdLoader
+
+    if shape.name != "workers":
+        raise SystemExit("--method loader reads the workers shape's dataset")
+    with client.Session(job=args.job, default_batch=args.default_batch, num_workers=args.workers) as s:
+        loader = MemdLoader(shape.records, s, shuffle=True, drop_last=True)
+        i = 0
+        while i < args.steps:
+            for batch in loader:
+                plan = loader.plan
+                emit(e="try", batch=plan.batch_size)
+                started = time.monotonic()
+                images, labels = batch
+                loss = F.cross_entropy(shape.model.net(images), labels)
+                loss.backward()
+                for opt in shape.optimizers:
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                emit(e="step", i=i, batch=len(labels), accum=1, dt=round(time.monotonic() - started, 3), hwm=vm_hwm(),
+                     source=plan.source, reason=plan.reason, workers=plan.num_workers)
+                i += 1
+                if i >= args.steps:
+                    break
 
 
 def method_accelerate(shape: Shape, args) -> None:

@@ -65,6 +65,25 @@ def test_each_batch_reports_the_step_before_it(memd):
         assert view["reports"] == 25  # 26 batches: each after the first reports the one before
 
 
+def test_a_batch_that_ran_out_of_memory_is_not_reported_clean(memd):
+    """loader.report_oom(): the daemon cuts the batch at once, and that step never counts as clean."""
+    with client.Session("loader-oom", endpoint=memd.endpoint, timeout=1.0, default_batch=8, num_workers=0) as s:
+        loader = MemdLoader(Numbers(), s)
+        sizes = []
+        for i, batch in enumerate(loader):
+            sizes.append(len(batch))
+            if i == 2:
+                loader.report_oom()
+        assert sizes[:3] == [8] * 3 and sizes[3] == 6, sizes
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            view = next(v for v in memd.call("status")["sessions"] if v["job"] == "loader-oom")
+            if view["reports"] >= len(sizes) - 2:
+                break
+            time.sleep(0.05)
+        assert (view["ooms"], view["reports"]) == (1, len(sizes) - 2)  # not the first, not the one that failed
+
+
 THROTTLED_JOB = r"""
 import json, os, sys, threading, time
 import torch

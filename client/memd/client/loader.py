@@ -15,7 +15,8 @@ has not delivered yet, so none is lost or repeated (batches the old workers had 
 dropped, not delivered). While the plan says ``throttle`` the loader waits before fetching more,
 up to ``throttle_wait`` seconds at a time. Each batch after the first tells the session the step
 before it ran (the daemon measures what it cost), with the batch's bytes, as ``suggest_batch``
-does; pass ``report=False`` when the loop reports its steps itself. Under torch.distributed every
+does; pass ``report=False`` when the loop reports its steps itself, and call ``report_oom()`` when
+a step on the latest batch ran out of memory. Under torch.distributed every
 rank follows the same plan (``agreed_plan``): iterate the loader on every rank in step.
 torch is imported when a MemdLoader is built, never by ``import memd.client``.
 """
@@ -134,6 +135,13 @@ class MemdLoader:
             size, nbytes = self._last
             self.session.report(size, batch_bytes=nbytes)  # the step since the last batch ran clean
         self._last = (samples, _nbytes(batch))
+
+    def report_oom(self) -> None:
+        """The batch delivered last ran out of memory: the session cuts the plan (the next batch is
+        already smaller) and that step is not reported as clean. Its samples are not delivered again."""
+        if self._last is not None:
+            size, self._last = self._last[0], None
+            self.session.report_oom(size)
 
     def _close(self) -> None:
         loader, self._loader = self._loader, None

@@ -111,7 +111,7 @@ def test_small_moves_do_not_change_the_batch():
     higher than a jump), and a run of small moves down (604 600 598 579 604 594 592 587) sent the
     CNN job's peaks from 991 to 1121 MiB, at its kill line: growth under min_gain waits, and a
     move down goes at least min_gain below the batch."""
-    curve = Curve(330 * MiB, 18 * MiB, "fit", 5, 1.0)  # the job's measured line
+    curve = Curve(330 * MiB, 18 * MiB, "fit", 5, 1.0, kills=True)  # the job's measured line, in a cgroup
 
     def plan(current, fits):
         budget = 330 * MiB + 18 * MiB * fits
@@ -139,14 +139,14 @@ def test_the_first_step_after_a_change_counts_until_the_next_one():
 def test_a_batch_that_stopped_fitting_is_not_tried_again_while_the_pool_stands():
     """The GPT job's peaks straddle its budget, and its plans went 40 36 39 37 35 40 37 35 ...:
     each return to the edge was another chance of a kill, and each change cost memory. Once the
-    job's steps at 40 say it stops fitting, the plan moves down and stays; when the pool itself
-    grows, it may grow again. A dip in the budget before any step at the batch is no evidence."""
+    job's steps at 40 say it stops fitting (in a pool where that is a kill), the plan moves down
+    and stays; when the pool itself grows, it may grow again. A dip in the budget before any step at the batch is no evidence."""
     from memd.policy.budget import Pool
 
     budget = 330 * MiB + 18 * MiB * 38
 
-    def step(state, fits, grown=0.0, reported=None):  # a curve under which ``fits`` is the largest that fits
-        curve = Curve(330 * MiB, (budget - 330 * MiB) / (fits + 0.5), "fit", 5, 1.0)
+    def step(state, fits, grown=0.0, reported=None, kills=True):  # a curve under which ``fits`` is the largest that fits
+        curve = Curve(330 * MiB, (budget - 330 * MiB) / (fits + 0.5), "fit", 5, 1.0, kills=kills)
         decision = decide(curve, Pool("host", "cpu", GiB, int(budget * (1 + grown)), None, 0), Limits(), state,
                           "ok", CFG, latest_batch=state.batch if reported is None else reported)
         return decision.plan, decision.state
@@ -159,6 +159,11 @@ def test_a_batch_that_stopped_fitting_is_not_tried_again_while_the_pool_stands()
     assert plan.batch_size == 38 and "40 stopped fitting this run" in plan.reason
     plan, state = step(state, fits=40, grown=0.05)  # another job left: the pool grew
     assert plan.batch_size > 40 and state.cap is None
+    # On a GPU an overshoot is a catchable error with its own ceiling, and a high report there is
+    # often an allocator spike the fit forgives: no cap (the simulation's cnn-small stayed at 0.70
+    # of feasible under one, 0.95 without).
+    plan, state = step(ControlState(batch=40), fits=39, kills=False)
+    assert plan.batch_size == 39 and state.cap is None
     settling = decide(Curve(330 * MiB, 18 * MiB, "fit", 5, 1.0), Pool("host", "cpu", GiB, budget, None, 0),
                       Limits(), ControlState(batch=36), "ok", CFG, settling=True).plan
     assert settling.batch_size == 36 and "until a second step" in settling.reason

@@ -97,7 +97,8 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
         cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
     if current is not None and budget is not None and curve is not None:
-        limit, reason, cap = _steady(limit, reason, current, latest_batch == current, settling, cap, budget, cfg)
+        limit, reason, cap = _steady(limit, reason, current, latest_batch == current and curve.kills, settling, cap,
+                                     budget, cfg)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -156,13 +157,15 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     return Decision(plan, new_state, budget, predicted)
 
 
-def _steady(limit: int, reason: str, current: int, reported_here: bool, settling: bool,
+def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
             cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig):
     """Fewer, surer changes of batch: each costs the job memory and a DataLoader rebuild, and a
     run of small moves raised a real job's peaks by up to 10 % (the first step at a new size runs
-    low, the next ones high). Growth waits for a second report at the batch, must gain min_gain,
-    and stops for the run where the job's own steps said a batch no longer fits; such a move down
-    goes min_gain below the batch. Returns (limit, reason, cap)."""
+    low, the next ones high). Growth waits for a second report at the batch and must gain min_gain.
+    ``outgrown_here``: the latest report is at this batch, in a pool where an overshoot kills; if
+    the job's own steps say the batch no longer fits, the move down goes min_gain below it and the
+    run stays there (on a GPU an overshoot is an out-of-memory error, and its ceiling remembers
+    it; a cap there would also keep an allocator spike forever). Returns (limit, reason, cap)."""
     if limit > current:
         if settling:
             return current, "keeping %d until a second step there: a batch's first step after a change runs low" % (
@@ -175,7 +178,7 @@ def _steady(limit: int, reason: str, current: int, reported_here: bool, settling
             return current, "keeping %d: %d would fit, a gain under %.0f %% is not worth a change of batch" % (
                 current, limit, 100 * cfg.min_gain), cap
         return limit, reason, cap
-    if limit < current and reported_here and not reason.startswith("probing"):
+    if limit < current and outgrown_here and not reason.startswith("probing"):
         # The job's own steps at this batch say it no longer fits: go decisively below, and stay.
         if limit > current * (1 - cfg.min_gain):
             lower = max(1, int(current * (1 - cfg.min_gain)))

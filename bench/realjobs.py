@@ -274,6 +274,8 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
     log("  feasible: %d" % found["batch"])
     runs: List[Run] = []
     for method in methods:
+        if method == "loader" and row.shape != "workers":
+            continue  # MemdLoader reads the workers shape's dataset; the other shapes feed tensors
         extra = ["--method", method if method in MEMD_METHODS + PEER_METHODS else "fixed"]
         if method in MEMD_METHODS:
             extra += ["--job", "bench-%s-%s-%d" % (row.name, method, os.getpid())]
@@ -322,7 +324,8 @@ def table(results: List[Dict]) -> str:
                 cells = ["killed at %s" % r["last_try"] if r["killed"] else "failed", "0 %", str(r["oom_errors"]),
                          "1" if r["killed"] else "0", "-", "-"]
             else:
-                cells = [str(final), "%.1f %%" % (100.0 * final / best), str(r["oom_errors"]), "0",
+                workers = r.get("workers") or []
+                cells = [str(final) + (" (%d workers)" % workers[-1] if workers else ""), "%.1f %%" % (100.0 * final / best), str(r["oom_errors"]), "0",
                          str(at + 1), "%.0f" % r["seconds"][at]]
             lines.append("| %s | %.2f GiB | %d | %s | %s |" % (row["name"], row["limit_bytes"] / GiB, best, r["method"],
                                                                " | ".join(cells)))
@@ -368,9 +371,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "real"))
     parser.add_argument("--update", action="store_true",
                         help="replace these rows in DIR/results.json, keeping the others (table and plots of all)")
+    parser.add_argument("--replot", action="store_true",
+                        help="run nothing: rewrite DIR/table.md and the plots from DIR/results.json")
     parser.add_argument("--feasible", default="", metavar="ROW=N,...",
                         help="skip probing for these rows (development only: the published table probes)")
     args = parser.parse_args(argv)
+    path = os.path.join(args.out, "results.json")
+    if args.replot:
+        with open(path) as f:
+            results = json.load(f)["results"]
+        for result in results:
+            plot(result, os.path.join(args.out, "%s.png" % result["row"]["name"]))
+        return write_table(results, args.out)
     why = available()
     if why:
         print("realjobs: %s" % why, file=sys.stderr)
@@ -390,7 +402,6 @@ def main(argv=None) -> int:
             "cgroup": "v1" if os.path.isdir("/sys/fs/cgroup/memory") else "v2",
             "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "probe_steps": args.probe_steps}
     daemon = MemdDaemon()
-    path = os.path.join(args.out, "results.json")
     results, metas = [], {}
     if args.update and os.path.exists(path):
         with open(path) as f:
@@ -407,8 +418,12 @@ def main(argv=None) -> int:
                 json.dump({"meta": meta, "metas": metas, "results": results}, f, indent=1)
     finally:
         daemon.stop()
+    return write_table(results, args.out)
+
+
+def write_table(results: List[Dict], out: str) -> int:
     text = table(results)
-    with open(os.path.join(args.out, "table.md"), "w") as f:
+    with open(os.path.join(out, "table.md"), "w") as f:
         f.write(text)
     print(text)
     return 0

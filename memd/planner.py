@@ -110,7 +110,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
     held = session.peak_held_at(snapshot.monotonic)
     if (pool.own_bytes is None and held == 0 and session.plan is not None and session.held
-            and session.held[-1][1] > 0 and session.held[-1][0] > snapshot.monotonic):
+            and (session.held[-1][1] or 0) > 0 and session.held[-1][0] > snapshot.monotonic):
         # The job reported after this snapshot was taken and nothing before it: what it held
         # then is unknown, so free memory cannot be paired with it. Keep the plan for the
         # moment until the next sample (an interval away) sees the job's memory.
@@ -122,10 +122,16 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # A job that ran on a GPU whose memory cannot be read now (lost, driver down) must not be
     # budgeted from host RAM, which may be far larger: no budget, so the plan holds.
     gpu_gone = session.pool not in (None, budget.HOST) and pool.name != session.pool
+    # After an out-of-memory error, what the job holds is unknown until its next report, and the
+    # pool's free memory cannot be paired with it: the budget paired before stands. Taken as 0,
+    # the simulated job near capacity was budgeted without its own 30 GiB and cut to 5 where 21
+    # fits; taken as its last peak, two jobs sharing a GPU each counted the other's memory as
+    # their own and overshot it.
+    kept = session.budget_bytes if pool.own_bytes is None and session.holding_unknown() else None
     decision = decide(
         curve, None if gpu_gone else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
-        held_peak=held_now, settling=_settling(session),
+        held_peak=held_now, settling=_settling(session), budget_bytes=kept,
         workers=worker_facts(session, job, cfg),
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )

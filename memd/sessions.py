@@ -56,7 +56,7 @@ class Session:
     wanted_peak_bytes: Optional[int] = None  # the peak it would plan for with its pool to itself
     latest_peak: Optional[int] = None
     # (when, the largest peak reported since the last OOM, as of then): what the job's allocator holds
-    held: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
+    held: Deque[Tuple[float, Optional[int]]] = field(default_factory=lambda: collections.deque(maxlen=32))
     latest_batch: Optional[int] = None
     cpus: Optional[float] = None  # what the client said it may use (its affinity), before a job read
     local_world_size: Optional[int] = None  # ranks of the job on this node
@@ -75,22 +75,31 @@ class Session:
     remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
 
     def note_peak(self, when: float, peak: int) -> None:
-        self.held.append((when, max(peak, self.held[-1][1] if self.held else 0)))
+        previous = self.held[-1][1] if self.held else 0
+        self.held.append((when, max(peak, previous or 0)))
 
     def note_oom(self, when: float) -> None:
-        self.held.append((when, 0))  # PyTorch frees its cached blocks when an allocation fails
+        # What the job holds after an out-of-memory error is unknown: PyTorch releases its unused
+        # cached blocks, the failed step's go back to its cache, the loop may empty it. Unknown
+        # until the next report (None).
+        self.held.append((when, None))
 
     def peak_held_at(self, when: float) -> int:
         """What the job held at ``when``, in its reported units: the largest peak reported since
         its last OOM, because caching allocators keep what they once reserved (0 when nothing
-        was reported by then). A snapshot's free memory is paired with the job's holding *when
-        the snapshot was taken*: a newer report would count the job's growth twice."""
+        was reported by then, or since its last OOM). A snapshot's free memory is paired with the
+        job's holding *when the snapshot was taken*: a newer report would count the job's growth
+        twice."""
         held = 0
         for noted_at, value in self.held:
             if noted_at > when:
                 break
-            held = value
+            held = value or 0
         return held
+
+    def holding_unknown(self) -> bool:
+        """An out-of-memory error since the job's last report (note_oom)."""
+        return bool(self.held) and self.held[-1][1] is None
 
 
 class Sessions:

@@ -242,3 +242,35 @@ def test_two_sessions_on_one_gpu_never_plan_past_it_together(tmp_path, fake_nvml
         for s in sessions.values():
             s.close()
         daemon.stop()
+
+
+def test_an_out_of_memory_error_keeps_the_budget_until_the_next_report(tmp_path, fake_nvml):
+    """No per-process memory on this GPU (a container): the daemon pairs free memory with what
+    the job reported holding. After an OOM the job's cache holds an unknown amount (here nearly
+    the whole device): the budget paired before stands, and the plan is the OOM cut, not a
+    collapse to what the device's last free gigabytes allow."""
+    one_gpu = "driver 550.54.15\ngpu GPU-33333333-cccc total=80GiB used={used}GiB reserved=0 name=NVIDIA H100 80GB HBM3\n"
+    fake_nvml.write(one_gpu.format(used=20))
+    daemon = Daemon(tmp_path, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.1"}).start()
+    try:
+        with client.Session("oom-gpu", endpoint=daemon.endpoint, timeout=1.0, default_batch=8, device="cuda:0") as s:
+            s.plan()
+            for _ in range(3):
+                s.report(batch_size=8, peak_bytes=18 * GiB)
+
+            def view():
+                s._plan_expires = 0
+                s.plan()  # the daemon decides again on the samples it has taken since
+                return next(v for v in daemon.call("status")["sessions"] if v["job"] == "oom-gpu")
+
+            assert wait_for(lambda: view()["reports"] == 3 and view()["budget_bytes"] > 70 * GiB)
+            budget, grown = view()["budget_bytes"], view()["plan"]["batch_size"]
+            assert grown > 8
+            fake_nvml.write(one_gpu.format(used=79))  # the failed step's blocks stay in the job's cache
+            time.sleep(0.3)  # the daemon samples the full device
+            s.report_oom(batch_size=grown)
+            after = view()
+            assert after["budget_bytes"] == budget
+            assert after["plan"]["batch_size"] == int(grown * 0.75), after["plan"]["reason"]
+    finally:
+        daemon.stop()

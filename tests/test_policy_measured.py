@@ -231,3 +231,16 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     assert workers(facts)[:2] == (3, 1) and "3 workers" in workers(facts)[2]
     rebuilt = read(6.0, [(10, 12 * MiB), (11, 12 * MiB), (12, 12 * MiB)])  # fresh forks
     assert rebuilt.cost == facts.cost and workers(rebuilt)[0] == 3
+
+
+def test_a_batch_kept_by_its_own_steps_says_so():
+    """The simulation's cnn-small sat at 1407 under "1407 fits: predicted peak 84.49 GB of a 82.89
+    GB budget": kept because its own steps there peaked within the budget by more than the noise
+    (Curve.max_batch), while the reason quoted the line. The reason names what decided."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(4e9, 4e9, "fit", 3, 0.9, observed=((20, 80e9),), noise=0.02)  # the line says 84 GB at 20
+    plan = decide(curve, Pool("gpu", "discrete", 100 * 10 ** 9, 82 * 10 ** 9, None, 0), Limits(),
+                  ControlState(batch=20), "ok", CFG, latest_batch=20).plan
+    assert plan.batch_size == 20
+    assert plan.reason == "20 fits: its steps there peaked at 80.00 GB of a 82.00 GB budget"

@@ -86,11 +86,16 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
            cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
            workers: Optional[WorkerFacts] = None, host_total_bytes: Optional[int] = None,
            host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
-           settling: bool = False) -> Decision:
+           settling: bool = False, budget_bytes: Optional[int] = None) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
     measured; by default its latest peak. ``settling``: the latest report is the first at its
-    batch since a change (fit.Observation.settling)."""
-    budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
+    batch since a change (fit.Observation.settling). ``budget_bytes``: the budget to keep instead
+    of the pool's, when what the job holds is unknown and the pool's free memory cannot be paired
+    with it."""
+    if budget_bytes is not None:
+        budget = budget_bytes
+    else:
+        budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
@@ -229,9 +234,12 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         probe = anchor // 2
         return probe, "probing %d -> %d for one step to learn the per-sample cost (%.2f GB of the budget unused)" % (
             anchor, probe, (budget - latest_peak) / GB)
-    peak = curve.peak(max(fits, 1)) / GB
+    peak = curve.peak(max(fits, 1))
+    seen = dict(curve.observed).get(fits)
+    if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line
+        return fits, "%d fits: its steps there peaked at %.2f GB of a %.2f GB budget" % (fits, seen / GB, budget / GB)
     return fits, "%d fits: predicted peak %.2f GB of a %.2f GB budget (%s from %d batch size%s)" % (
-        fits, peak, budget / GB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
+        fits, peak / GB, budget / GB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 
 
 # Seed 000's worker table for unified machines, used before any worker is measured.

@@ -156,14 +156,18 @@ class Daemon:
         core.sampler_heartbeat = self.clock()
 
     def _read_job(self, pid: int, snap):
-        """A job's tree and cgroup. A cgroup that could not be read this time keeps its last
-        reading (counted as a sampling error): unknown is not unlimited, and a job bounded by a
-        1 GiB group must never be budgeted from the machine's RAM because one read failed."""
+        """A job's tree and cgroup. A cgroup, or a live process, that could not be read this time
+        keeps its last reading (counted as a sampling error): unknown is not unlimited, and a job
+        bounded by a 1 GiB group must never be budgeted from the machine's RAM because one read
+        failed."""
         job = self.sampler.job(pid, snap.gpus)
+        last = self.core.jobs.get(pid)
+        if not job.alive and last is not None and last.alive and procs.process_start_time(pid, self.core.proc_root):
+            self.core.sample_errors["procs"] += 1
+            return last  # the process is there but could not be read this time: its last reading stands
         failed = [m for source, m in job.errors if source == "cgroup"]
         if failed:
             self.core.sample_errors["cgroup"] += len(failed)
-            last = self.core.jobs.get(pid)
             if job.cgroup is None and last is not None and last.cgroup is not None and job.alive:
                 job = dataclasses.replace(job, cgroup=last.cgroup)
         return job

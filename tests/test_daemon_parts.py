@@ -276,7 +276,8 @@ def test_docs_configuration_lists_every_key_with_its_default():
 
 def test_a_failed_cgroup_read_keeps_the_jobs_last_cgroup(tmp_path):
     """A job bounded by its 1 GiB group must never be budgeted from the machine's RAM because one
-    read of the group failed (a real CNN run got a plan of 1762 where 677 fits, and was killed)."""
+    read of the group, or of its live process, failed (a real CNN run got a plan of 1762 where
+    677 fits, and was killed)."""
     from memd.config import Config
     from memd.daemon import Daemon as InProcessDaemon
     from memd.sampling.sampler import Sampler
@@ -292,6 +293,8 @@ def test_a_failed_cgroup_read_keeps_the_jobs_last_cgroup(tmp_path):
             alive = super().job(os.getpid(), gpus, detail=False)
             if FlakySampler.reads == 1:
                 return JobMemory(pid, alive.processes, group, (), 1.0, 700 * 2 ** 20)
+            if FlakySampler.reads == 3:  # the tree itself unreadable this time, the process still there
+                return JobMemory(pid, (), None, (("procs", "process unreadable: EIO"),), 3.0, None)
             return JobMemory(pid, alive.processes, None, (("cgroup", "OSError: read failed"),), 2.0, 700 * 2 ** 20)
 
     cfg = Config(endpoint="ipc://%s/inproc.sock" % tmp_path, metrics_address="off", state_dir=str(tmp_path / "state"))
@@ -301,3 +304,6 @@ def test_a_failed_cgroup_read_keeps_the_jobs_last_cgroup(tmp_path):
     again = daemon._read_job(os.getpid(), snap)
     assert again.cgroup == group and again.monotonic == 2.0  # the new read, with the group it last had
     assert daemon.core.sample_errors["cgroup"] == 1
+    daemon.core.jobs = {os.getpid(): again}
+    assert daemon._read_job(os.getpid(), snap) is again  # a live process read as nothing: the last reading
+    assert daemon.core.sample_errors["procs"] == 1

@@ -5,6 +5,8 @@ Every number here was measured by bench/realjobs.py (docs/results.md): a GPT-sty
 ~97 MiB of library pages another group was charged for; the kernel killed it once VmHWM passed
 ~1117-1119 MiB. Peaks at one batch are bimodal: an upper mode 5-7 % above the lower, in streaks.
 """
+from dataclasses import replace
+
 import pytest
 
 from memd.config import PolicyConfig
@@ -244,3 +246,28 @@ def test_a_batch_kept_by_its_own_steps_says_so():
                   ControlState(batch=20), "ok", CFG, latest_batch=20).plan
     assert plan.batch_size == 20
     assert plan.reason == "20 fits: its steps there peaked at 80.00 GB of a 82.00 GB budget"
+
+
+def test_a_job_whose_memory_is_not_read_yet_is_not_budgeted_from_the_machine():
+    """A CNN in a 1 GiB group reported three steps at 32 before the daemon's sampler, a step
+    behind on the loaded machine, had read its tree: budgeted from the machine's 20 GB, its plan
+    was 1776 where 665 fits, and the kernel killed it. Until its memory is read the plan holds."""
+    from memd.planner import plan_session
+    from memd.policy.controller import after_report
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import Session
+
+    session = Session(token="t", sid=1, job="cnn", pid=7, host="h", local=True, start_time=None,
+                      limits=Limits(default_batch=32), created=0.0, last_seen=0.0)
+    for i, peak in enumerate((360, 366, 365)):  # the warm-up step, then two at 32
+        session.observations.append(Observation(32, peak * MiB, warmup=i == 0))
+        session.latest_peak, session.latest_batch = peak * MiB, 32
+        session.note_peak(-1.0, peak * MiB)
+        session.state = after_report(session.state, 32)
+    session.state = replace(session.state, batch=32)
+    plan = plan_session(session, host(), "ok", [session], {}, CFG).plan
+    assert plan.batch_size == 32 and plan.reason == "holding 32: this job's memory has not been read yet"
+    trainer = ProcessMemory(7, 1, "python", 366 * MiB, 366 * MiB, 360 * MiB)
+    read = replace(job_in_cgroup(400, 366), processes=(trainer,))
+    plan = plan_session(session, host(), "ok", [session], {7: read}, CFG).plan
+    assert 32 < plan.batch_size < 100, plan.reason  # bounded by the 1 GiB group, not by the machine

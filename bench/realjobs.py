@@ -400,7 +400,9 @@ def main(argv=None) -> int:
                                                                 platform.release()),
             "python": platform.python_version(), "torch": torch.__version__,
             "cgroup": "v1" if os.path.isdir("/sys/fs/cgroup/memory") else "v2",
-            "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "probe_steps": args.probe_steps}
+            "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "probe_steps": args.probe_steps,
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip() or None}
     daemon = MemdDaemon()
     results, metas = [], {}
     if args.update and os.path.exists(path):

@@ -101,7 +101,9 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
                  jobs: Dict[int, JobMemory], cfg: PolicyConfig) -> Decision:
     job = jobs.get(session.pid) if session.local else None
     pool = steadied(pool_for(session, snapshot, job, cfg), session, job)
-    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic))
+    workers = worker_facts(session, job, cfg)
+    growing = workers.growth if pool.kind != DISCRETE else 0  # workers live in host memory
+    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic) + growing)
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
     greedy = pool.budget(held_now)
     pool = pool.with_share(share_for(session, pool, greedy, sessions, snapshot.monotonic))
@@ -136,7 +138,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
         curve, None if gpu_gone or unread else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=_settling(session), budget_bytes=kept,
-        workers=worker_facts(session, job, cfg),
+        workers=workers if growing else replace(workers, growth=0),
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:
@@ -163,25 +165,36 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
     the last job reads: a worker that copies a Python-object dataset as it reads it (seed 004)
     grows step by step, and one worker's cost is the most any reached this run, or was on its way
     to reach within ``worker_horizon_seconds`` at the rate it grew. It is kept through a rebuild
-    of the loader: new workers start small and grow again."""
+    of the loader: new workers start small and grow again. What the live workers are on their way
+    to add (``growth``) is held back from the batch's budget in a shared pool: the batch must not
+    take the room the workers will fill (a job with four growing workers was planned a batch
+    that fit at the time, and the workers' growth killed it 8 steps later)."""
     cpus = job.cpus if job is not None and job.cpus else session.cpus
     if cpus and session.local_world_size:
         cpus = cpus / session.local_world_size  # the node's ranks share its CPUs
     uss = tuple(b for b in job.worker_bytes if b > 0) if job is not None else ()
     if job is not None and job.monotonic != session.workers_read:
         session.workers_read = job.monotonic
-        now = {p.pid: (p.uss_bytes if p.uss_bytes is not None else p.rss_bytes or 0)
+        now = {p.pid: (p.uss_bytes if p.uss_bytes is not None else p.rss_bytes or 0, p.rss_bytes or 0)
                for p in job.processes if p.pid != job.pid}
         for pid in list(session.worker_uss):
             if pid not in now:
                 del session.worker_uss[pid]  # gone: a rebuilt loader forks new ones
-        for pid, value in list(now.items())[:MAX_WORKERS]:
+        latest = []
+        for pid, (value, rss) in list(now.items())[:MAX_WORKERS]:
             history = session.worker_uss.setdefault(pid, collections.deque(maxlen=WORKER_READS))
             history.append((job.monotonic, value))
             (t0, first), (t1, last) = history[0], history[-1]
             ahead = (last - first) / (t1 - t0) * cfg.worker_horizon_seconds if t1 > t0 and last > first else 0
-            session.worker_cost = max(session.worker_cost, int(last + ahead))
-    return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes)
+            # Copying on access, a forked worker makes private at most the pages it maps: its RSS
+            # (measured: ~622 MiB each, flat, while their USS grew 87 -> 224 MiB; the first
+            # seconds' rate alone projected 2.7 GB).
+            reach = int(min(last + ahead, max(last, rss)))
+            session.worker_cost = max(session.worker_cost, reach)
+            latest.append(last)
+        session.worker_growth = sum(session.worker_cost - last for last in latest)  # each on its way to the cost
+    return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes,
+                       growth=session.worker_growth if job is not None else 0)
 
 
 def _settling(session: Session) -> bool:

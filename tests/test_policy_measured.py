@@ -199,10 +199,13 @@ def test_one_low_read_of_the_pool_does_not_move_the_plan_but_two_do():
 
 
 def test_workers_that_grow_are_cut_before_the_pool_is_gone():
-    """The workers row (bench/realjobs.py): in a 2 GiB group each of two workers copied the
-    Python-object dataset it read, ~7 MiB/s (the group's peak rose 1219 -> 1558 MiB in 25 s).
-    The job asked for 4. Counted at what they reach 30 s ahead, fewer fit; after the loader is
-    rebuilt its new workers start small, and the cost learned before still holds."""
+    """The workers shape (bench/trainjob.py), two workers read 2.5 s apart: each worker's RSS
+    stayed at ~622 MiB while its USS grew 87 -> 148 -> 194 -> 224 MiB, copying the Python-object
+    dataset it read. A worker can make private at most what it maps, so each is counted at 622
+    MiB, not at the 772 its rate projects 30 s ahead; what the two will still add (2 x 398 MiB)
+    is held back from the batch. The job asked for 4 in a 2 GiB group: the batch is cut to fit
+    beside the two, and no third fits. A rebuilt loader's fresh workers are counted at what this
+    run's workers reached."""
     from memd.planner import worker_facts
     from memd.policy.budget import Pool
     from memd.sampling.snapshot import ProcessMemory
@@ -213,26 +216,29 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
 
     def read(at, workers):
         procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
-            ProcessMemory(pid, 7, "worker", uss, None, uss) for pid, uss in workers)
+            ProcessMemory(pid, 7, "pt_data_worker", 622 * MiB, None, uss * MiB) for pid, uss in workers)
         job = JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at, cpus=2.0)
         return worker_facts(session, job, CFG)
 
-    read(0.0, [(8, 40 * MiB), (9, 40 * MiB)])
-    read(2.0, [(8, 54 * MiB), (9, 54 * MiB)])
-    facts = read(4.0, [(8, 68 * MiB), (9, 68 * MiB)])
-    assert facts.cost == 68 * MiB + 7 * MiB * 30  # 278 MiB each, where each holds 68 now
+    for at, uss in ((0.0, 87), (2.5, 148), (5.0, 194)):
+        read(at, [(8, uss), (9, uss)])
+    facts = read(7.5, [(8, 224), (9, 224)])
+    assert facts.cost == 622 * MiB and facts.growth == 2 * (622 - 224) * MiB
     curve = Curve(630 * MiB, 1.4 * MiB, "fit", 5, 1.0)
 
-    def workers(facts):  # the workers' memory now is in use: free is what the group has besides
-        shared = Pool("host", "cpu", 2 * GiB, (936 - sum(facts.uss) // MiB) * MiB, 1000 * MiB, 20 * MiB)
-        plan = decide(curve, shared, Limits(max_batch=256, num_workers=4), ControlState(batch=256), "ok", CFG,
-                      workers=facts).plan
-        return plan.num_workers, plan.prefetch_factor, plan.reason
+    def plan(facts):  # the group: 2048 MiB, the trainer's 1000 and the workers' USS in use
+        free = (2048 - 1000 - sum(facts.uss) // MiB) * MiB
+        pool = Pool("host", "cpu", 2 * GiB, free, 1000 * MiB, 20 * MiB).with_reserved(facts.growth)
+        return decide(curve, pool, Limits(max_batch=256, num_workers=4), ControlState(batch=256), "ok", CFG,
+                      workers=facts, latest_batch=256).plan
 
-    # budget 800 + 1000 - 20 = 1780 MiB; after the batch (988) 792 spare, plus the workers' 136: 3 of 278 fit
-    assert workers(facts)[:2] == (3, 1) and "3 workers" in workers(facts)[2]
-    rebuilt = read(6.0, [(10, 12 * MiB), (11, 12 * MiB), (12, 12 * MiB)])  # fresh forks
-    assert rebuilt.cost == facts.cost and workers(rebuilt)[0] == 3
+    # budget 600 + 1000 - 20 - 796 = 784 MiB: the batch where 630 + 1.4 b fits; beside it the
+    # two workers' 2 x 622 MiB, and nothing for a third
+    first = plan(facts)
+    assert first.batch_size == 110 and first.num_workers == 2 and "2 workers" in first.reason, first.reason
+    rebuilt = read(10.0, [(10, 12), (11, 12)])  # fresh forks: counted at what workers reached this run
+    assert rebuilt.cost == 622 * MiB and rebuilt.growth == 2 * (622 - 12) * MiB
+    assert plan(rebuilt).num_workers == 2
 
 
 def test_a_batch_kept_by_its_own_steps_says_so():

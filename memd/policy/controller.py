@@ -46,6 +46,7 @@ class WorkerFacts:
     uss: Tuple[int, ...] = ()  # each live worker's own memory now
     cost: Optional[int] = None  # what one worker has reached this run, or is growing to (per_worker_cost)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the loader delivered it
+    growth: int = 0  # what the live workers are on their way to add (held back from the batch's budget)
 
 
 @dataclass(frozen=True)
@@ -262,7 +263,9 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
     per_worker = facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
     if per_worker:
         if shared_pool and budget is not None and curve is not None:
-            spare = budget - curve.peak(batch)  # workers compete with the batch: batch first
+            # Workers compete with the batch (batch first); their growth was held back from the
+            # budget for them.
+            spare = budget + facts.growth - curve.peak(batch)
         else:
             # Workers live in host RAM, which keeps its OS reserve and a margin.
             spare = host_free(host_total or 0, host_available or 0, cfg) - margin(host_total or 0, cfg)

@@ -20,6 +20,9 @@ from memd.sessions import Session
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
 MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of each kept
+# Seconds of the workers' growth held back from the batch: two job reads (2 s apart), the plan
+# reaching the loop, and a step or two there at the new batch.
+GROWTH_AHEAD = 10.0
 
 
 def pool_for(session: Session, snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> budget.Pool:
@@ -165,10 +168,12 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
     the last job reads: a worker that copies a Python-object dataset as it reads it (seed 004)
     grows step by step, and one worker's cost is the most any reached this run, or was on its way
     to reach within ``worker_horizon_seconds`` at the rate it grew. It is kept through a rebuild
-    of the loader: new workers start small and grow again. What the live workers are on their way
-    to add (``growth``) is held back from the batch's budget in a shared pool: the batch must not
-    take the room the workers will fill (a job with four growing workers was planned a batch
-    that fit at the time, and the workers' growth killed it 8 steps later)."""
+    of the loader: new workers start small and grow again. What the live workers will add before
+    the daemon can see it and the job act on it (``growth``, GROWTH_AHEAD at their rate) is held
+    back from the batch's budget in a shared pool: a job with four growing workers was planned a
+    batch that fit at the time, and the workers' growth killed it 8 steps later. The batch then
+    follows the workers down as they grow; counting their whole projected cost instead left a job
+    whose four workers each map 622 MiB at batch 1."""
     cpus = job.cpus if job is not None and job.cpus else session.cpus
     if cpus and session.local_world_size:
         cpus = cpus / session.local_world_size  # the node's ranks share its CPUs
@@ -180,19 +185,19 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
         for pid in list(session.worker_uss):
             if pid not in now:
                 del session.worker_uss[pid]  # gone: a rebuilt loader forks new ones
-        latest = []
+        growth = 0
         for pid, (value, rss) in list(now.items())[:MAX_WORKERS]:
             history = session.worker_uss.setdefault(pid, collections.deque(maxlen=WORKER_READS))
             history.append((job.monotonic, value))
             (t0, first), (t1, last) = history[0], history[-1]
-            ahead = (last - first) / (t1 - t0) * cfg.worker_horizon_seconds if t1 > t0 and last > first else 0
+            rate = (last - first) / (t1 - t0) if t1 > t0 and last > first else 0.0
             # Copying on access, a forked worker makes private at most the pages it maps: its RSS
             # (measured: ~622 MiB each, flat, while their USS grew 87 -> 224 MiB; the first
             # seconds' rate alone projected 2.7 GB).
-            reach = int(min(last + ahead, max(last, rss)))
-            session.worker_cost = max(session.worker_cost, reach)
-            latest.append(last)
-        session.worker_growth = sum(session.worker_cost - last for last in latest)  # each on its way to the cost
+            bound = max(last, rss)
+            session.worker_cost = max(session.worker_cost, int(min(last + rate * cfg.worker_horizon_seconds, bound)))
+            growth += int(min(rate * GROWTH_AHEAD, bound - last))
+        session.worker_growth = growth
     return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes,
                        growth=session.worker_growth if job is not None else 0)
 

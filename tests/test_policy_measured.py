@@ -202,10 +202,10 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     """The workers shape (bench/trainjob.py), two workers read 2.5 s apart: each worker's RSS
     stayed at ~622 MiB while its USS grew 87 -> 148 -> 194 -> 224 MiB, copying the Python-object
     dataset it read. A worker can make private at most what it maps, so each is counted at 622
-    MiB, not at the 772 its rate projects 30 s ahead; what the two will still add (2 x 398 MiB)
-    is held back from the batch. The job asked for 4 in a 2 GiB group: the batch is cut to fit
-    beside the two, and no third fits. A rebuilt loader's fresh workers are counted at what this
-    run's workers reached."""
+    MiB, not at the 772 its rate projects 30 s ahead; what the two add at that rate before the
+    daemon and the job can react (10 s: 2 x 183 MiB) is held back from the batch. The job asked
+    for 4 in a 2 GiB group: the batch comes first, and beside it one worker at 622 MiB fits, not
+    two. A rebuilt loader's fresh workers are counted at what this run's workers reached."""
     from memd.planner import worker_facts
     from memd.policy.budget import Pool
     from memd.sampling.snapshot import ProcessMemory
@@ -223,7 +223,7 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     for at, uss in ((0.0, 87), (2.5, 148), (5.0, 194)):
         read(at, [(8, uss), (9, uss)])
     facts = read(7.5, [(8, 224), (9, 224)])
-    assert facts.cost == 622 * MiB and facts.growth == 2 * (622 - 224) * MiB
+    assert facts.cost == 622 * MiB and facts.growth == 2 * int((224 - 87) / 7.5 * 10 * MiB)
     curve = Curve(630 * MiB, 1.4 * MiB, "fit", 5, 1.0)
 
     def plan(facts):  # the group: 2048 MiB, the trainer's 1000 and the workers' USS in use
@@ -232,13 +232,14 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
         return decide(curve, pool, Limits(max_batch=256, num_workers=4), ControlState(batch=256), "ok", CFG,
                       workers=facts, latest_batch=256).plan
 
-    # budget 600 + 1000 - 20 - 796 = 784 MiB: the batch where 630 + 1.4 b fits; beside it the
-    # two workers' 2 x 622 MiB, and nothing for a third
+    # budget 600 + 1000 - 20 - 365 = 1215 MiB: the batch where 630 + 1.4 b fits (417, capped at
+    # 256, 988 MiB); beside it 1215 + 365 - 988 + 448 = 1040 MiB for workers: one at 622
     first = plan(facts)
-    assert first.batch_size == 110 and first.num_workers == 2 and "2 workers" in first.reason, first.reason
-    rebuilt = read(10.0, [(10, 12), (11, 12)])  # fresh forks: counted at what workers reached this run
-    assert rebuilt.cost == 622 * MiB and rebuilt.growth == 2 * (622 - 12) * MiB
-    assert plan(rebuilt).num_workers == 2
+    assert first.batch_size == 256 and first.num_workers == 1 and "1 worker of 0.65 GB each fits, not 4" in first.reason, first.reason
+    grown = read(10.0, [(8, 400), (9, 400)])  # at 70 MiB/s each (the last reads), 2 x 222 MiB more ahead
+    assert grown.growth == 2 * (622 - 400) * MiB and plan(grown).batch_size < 256
+    rebuilt = read(12.0, [(10, 12), (11, 12)])  # fresh forks: counted at what workers reached this run
+    assert rebuilt.cost == 622 * MiB and rebuilt.growth == 0 and plan(rebuilt).num_workers == 1
 
 
 def test_a_batch_kept_by_its_own_steps_says_so():

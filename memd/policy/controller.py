@@ -276,7 +276,9 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
         if affordable < wanted:
             per = per_worker + (facts.batch_bytes or 0)  # memory cuts the workers: one batch in flight each
             affordable = max(0, int((spare + sum(facts.uss)) // per))
-            note = "%d workers of %.2f GB each fit, not %d; prefetch 1" % (min(affordable, wanted), per / GB, wanted)
+            fit = min(affordable, wanted)
+            note = "%d worker%s of %.2f GB each fit%s, not %d; prefetch 1" % (
+                fit, "" if fit == 1 else "s", per / GB, "s" if fit == 1 else "", wanted)
             wanted, prefetch = min(affordable, wanted), 1
     elif pool is not None and pool.kind == "unified" and host_total:
         table = next(n for floor, n in _UNIFIED_WORKER_TABLE if host_total >= floor)

@@ -264,15 +264,18 @@ def test_a_daemon_killed_outright_keeps_what_live_sessions_learned(start_memd):
 
 
 SUGGEST_LOOP = r"""
-import json, sys
+import json, sys, time
 from memd import client
 batches = []
-for step in range(12):
+for step in range(60):
     bs = client.suggest_batch(default=4, max_batch=64)
     batches.append(bs)
     work = bytearray(bs * 4 * 2 ** 20)          # a step whose memory follows its batch
     work[::4096] = b"x" * len(work[::4096])
     del work
+    time.sleep(0.05)  # a step takes time: the plan holds until the daemon has read this process
+    if batches[-3:] == [64] * 3:
+        break
 print(json.dumps(batches))
 """
 

@@ -421,3 +421,14 @@ def test_a_jobs_cpus_are_its_affinity_within_its_cgroup_quota(tmp_path):
     write(root, "sys/fs/cgroup/cpu/slurm/step0/cpu.cfs_quota_us", "-1\n")
     write(root, "sys/fs/cgroup/cpu/slurm/cpu.cfs_quota_us", "-1\n")
     assert Sampler(proc_root=proc, etc_root=root, apple_silicon=False).job(42).cpus == 4  # affinity alone
+
+
+def test_a_v2_cpu_max_binds_its_children(tmp_path):
+    """cgroup v2: the tightest cpu.max along the path ("max" is unlimited, the root has none)."""
+    root = str(tmp_path)
+    base = mount_cgroup(root, 2, "0::/kubepods/pod1\n")
+    write(root, base + "kubepods/cpu.max", "150000 100000\n")
+    write(root, base + "kubepods/pod1/cpu.max", "max 100000\n")
+    assert cgroup.read_cpu_limit(proc_root=os.path.join(root, "proc")) == 1.5
+    write(root, base + "kubepods/cpu.max", "max 100000\n")
+    assert cgroup.read_cpu_limit(proc_root=os.path.join(root, "proc")) is None

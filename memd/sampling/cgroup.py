@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional, TypeVar
 
 from .snapshot import Cgroup
 from .system import parse_pressure
@@ -74,28 +74,21 @@ def read_cpu_limit(pid: Optional[int] = None, proc_root: str = "/proc") -> Optio
     mounts = _mounts(os.path.join(proc_root, "self", "mountinfo"))
     limit: Optional[float] = None
     if "cpu" in memberships and "cpu" in mounts:
-        walk, top = _directory(mounts["cpu"], memberships["cpu"]), mounts["cpu"].point
-        while True:
+        for walk in _up(mounts["cpu"], memberships["cpu"]):
             quota = _int_file(os.path.join(walk, "cpu.cfs_quota_us"), missing_ok=True)
             period = _int_file(os.path.join(walk, "cpu.cfs_period_us"), missing_ok=True)
             if quota is not None and quota > 0 and period:
-                limit = quota / period if limit is None else min(limit, quota / period)
-            if os.path.normpath(walk) == os.path.normpath(top) or os.path.dirname(walk) == walk:
-                return limit
-            walk = os.path.dirname(walk)
+                limit = _smaller(limit, quota / period)
+        return limit
     if "" in memberships and "" in mounts:
-        walk, top = _directory(mounts[""], memberships[""]), mounts[""].point
-        while True:
+        for walk in _up(mounts[""], memberships[""]):
             try:
                 with open(os.path.join(walk, "cpu.max")) as f:
-                    quota, _, period = f.read().strip().partition(" ")
-                if quota != "max" and period:
-                    limit = int(quota) / int(period) if limit is None else min(limit, int(quota) / int(period))
+                    allowed, _, every = f.read().strip().partition(" ")  # "max 100000" or "250000 100000"
             except FileNotFoundError:
-                pass
-            if os.path.normpath(walk) == os.path.normpath(top) or os.path.dirname(walk) == walk:
-                return limit
-            walk = os.path.dirname(walk)
+                continue
+            if allowed != "max" and every:
+                limit = _smaller(limit, int(allowed) / int(every))
     return limit
 
 
@@ -117,6 +110,18 @@ def _mounts(path: str) -> Dict[str, _Mount]:
                     if controller in options and controller not in found:
                         found[controller] = _Mount(root, point, 1)
     return found
+
+
+def _up(mount: _Mount, cgpath: str) -> Iterator[str]:
+    """The cgroup's directory, then each parent up to the mount point: a parent's limit binds
+    its children."""
+    walk = _directory(mount, cgpath)
+    while True:
+        yield walk
+        parent = os.path.dirname(walk)
+        if os.path.normpath(walk) == os.path.normpath(mount.point) or parent == walk:
+            return
+        walk = parent
 
 
 def _directory(mount: _Mount, cgpath: str) -> str:
@@ -157,15 +162,9 @@ def _read_v1(mount: _Mount, cgpath: str) -> Cgroup:
 def _read_v2(mount: _Mount, cgpath: str) -> Cgroup:
     d = _directory(mount, cgpath)
     limit = high = None
-    # A parent's memory.max binds its children: take the smallest up to the mount point.
-    walk = d
-    while True:
+    for walk in _up(mount, cgpath):  # the smallest memory.max up to the mount point binds
         limit = _smaller(limit, _v2_limit(os.path.join(walk, "memory.max")))
         high = _smaller(high, _v2_limit(os.path.join(walk, "memory.high")))
-        parent = os.path.dirname(walk)
-        if os.path.normpath(walk) == os.path.normpath(mount.point) or parent == walk:
-            break
-        walk = parent
     usage = _int_file(os.path.join(d, "memory.current"), missing_ok=True)
     stat = _flat_keyed(os.path.join(d, "memory.stat"), missing_ok=True)
     events = _flat_keyed(os.path.join(d, "memory.events"), missing_ok=True)
@@ -201,7 +200,10 @@ def _v2_limit(path: str) -> Optional[int]:
     return None if text == "max" else int(text)
 
 
-def _smaller(a: Optional[int], b: Optional[int]) -> Optional[int]:
+_N = TypeVar("_N", int, float)
+
+
+def _smaller(a: Optional[_N], b: Optional[_N]) -> Optional[_N]:
     if a is None:
         return b
     return a if b is None else min(a, b)

@@ -174,9 +174,10 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
     batch that fit at the time, and the workers' growth killed it 8 steps later. The batch then
     follows the workers down as they grow; counting their whole projected cost instead left a job
     whose four workers each map 622 MiB at batch 1."""
-    cpus = job.cpus if job is not None and job.cpus else session.cpus
-    if cpus and session.local_world_size:
-        cpus = cpus / session.local_world_size  # the node's ranks share its CPUs
+    if job is not None and job.cpus:
+        cpus = job.cpus / (session.local_world_size or 1)  # the node's ranks share its CPUs
+    else:
+        cpus = session.cpus  # the client's own count, already shared among the node's ranks
     uss = tuple(b for b in job.worker_bytes if b > 0) if job is not None else ()
     if job is not None and job.monotonic != session.workers_read:
         session.workers_read = job.monotonic

@@ -320,3 +320,18 @@ def test_workers_follow_measured_cost_and_seed_table():
     high = decide(curve, shared, Limits(num_workers=4, prefetch_factor=4), ControlState(batch=8), "high", CFG,
                   host_total_bytes=256 * GB)
     assert (high.plan.num_workers, high.plan.prefetch_factor) == (2, 1)
+
+
+def test_worker_cpus_are_shared_among_the_nodes_ranks_once():
+    """Two ranks on a node: the job read's CPUs (the trainer's affinity within its quota) are
+    halved; the client's own count, sent before any read, was halved by the client already."""
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import JobMemory, ProcessMemory
+    from memd.sessions import Session
+
+    session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
+                      created=0.0, last_seen=0.0, cpus=4.0, local_world_size=2)
+    assert worker_facts(session, None, PolicyConfig()).cpus == 4.0
+    job = JobMemory(pid=7, processes=(ProcessMemory(7, 1, "trainer", 1, None, None),), cgroup=None, errors=(),
+                    monotonic=1.0, cpus=8.0)
+    assert worker_facts(session, job, PolicyConfig()).cpus == 4.0

@@ -105,8 +105,9 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     job = jobs.get(session.pid) if session.local else None
     pool = steadied(pool_for(session, snapshot, job, cfg), session, job)
     workers = worker_facts(session, job, cfg)
-    growing = workers.growth if pool.kind != DISCRETE else 0  # workers live in host memory
-    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic) + growing)
+    if pool.kind == DISCRETE:
+        workers = replace(workers, growth=0)  # workers grow in host memory, not on the GPU
+    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic) + workers.growth)
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
     greedy = pool.budget(held_now)
     pool = pool.with_share(share_for(session, pool, greedy, sessions, snapshot.monotonic))
@@ -141,7 +142,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
         curve, None if gpu_gone or unread else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=_settling(session), budget_bytes=kept,
-        workers=workers if growing else replace(workers, growth=0),
+        workers=workers,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:

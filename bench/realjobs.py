@@ -370,7 +370,8 @@ def main(argv=None) -> int:
                         help="steps per probing run (a peak is a draw: a short probe passes batches a long run dies at)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "real"))
     parser.add_argument("--update", action="store_true",
-                        help="replace these rows in DIR/results.json, keeping the others (table and plots of all)")
+                        help="replace these rows' runs of these methods in DIR/results.json, keeping the rest "
+                             "(each run names the commit it ran; table and plots of all)")
     parser.add_argument("--replot", action="store_true",
                         help="run nothing: rewrite DIR/table.md and the plots from DIR/results.json")
     parser.add_argument("--feasible", default="", metavar="ROW=N,...",
@@ -412,6 +413,15 @@ def main(argv=None) -> int:
     try:
         for row in rows:
             result = bench_row(row, methods, args.steps, args.probe_steps, daemon, log, known.get(row.name))
+            for run in result["runs"]:
+                run["commit"] = meta["commit"]
+            before = next((r for r in results if r["row"]["name"] == row.name), None)
+            if before is not None:  # --update: the methods not run now keep their earlier runs
+                kept = [r for r in before["runs"] if r["method"] not in methods]
+                result["runs"] = sorted(kept + result["runs"], key=lambda r: [*MEMD_METHODS, *PEER_METHODS].index(
+                    r["method"]) if r["method"] in MEMD_METHODS + PEER_METHODS else 99)
+                if "workers_check" not in result and "loader" not in methods and "workers_check" in before:
+                    result["workers_check"] = before["workers_check"]
             results = [r for r in results if r["row"]["name"] != row.name] + [result]
             results.sort(key=lambda r: list(ROWS).index(r["row"]["name"]) if r["row"]["name"] in ROWS else 99)
             metas[row.name] = meta

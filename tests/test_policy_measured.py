@@ -278,3 +278,55 @@ def test_a_job_whose_memory_is_not_read_yet_is_not_budgeted_from_the_machine():
     read = replace(job_in_cgroup(400, 366), processes=(trainer,))
     plan = plan_session(session, host(), "ok", [session], {7: read}, CFG).plan
     assert 32 < plan.batch_size < 100, plan.reason  # bounded by the 1 GiB group, not by the machine
+
+
+def test_growth_from_two_close_batches_is_ramped_where_an_overshoot_kills():
+    """The GPT job in 1 GiB (feasible 42, bench/realjobs.py): VmHWM at batch 4 and 9, a budget
+    of 1.15 GB. The line through the two (confidence 0.75) planned 46-47 and the job was killed:
+    its small batches cost less per sample than its large ones. In a pool where an overshoot
+    kills, growth goes at most max_growth past the largest batch seen; on a GPU (an overshoot is
+    a catchable error with a ceiling) the sure line is followed."""
+    from memd.policy.budget import Pool
+
+    run = [(4, 408473600), (4, 462282752), (4, 443408384), (9, 508588032), (9, 508502016), (9, 508493824)]
+    obs = [Observation(b, p, warmup=i == 0, settling=i == 3) for i, (b, p) in enumerate(run)]
+    pool = Pool("host", "cpu", GiB, int(1.15 * GB), None, 0)
+
+    def plan(kills):
+        curve = fit(obs, noise=CFG.peak_spread_host, kills=kills)
+        assert curve.confidence >= 0.7 and curve.max_batch(pool.budget(None)) > 42  # the line alone overshoots
+        return decide(curve, pool, Limits(default_batch=4), ControlState(batch=9), "ok", CFG,
+                      latest_batch=9, latest_peak=run[-1][1]).plan
+
+    killing = plan(kills=True)
+    assert killing.batch_size == 18 and "an overshoot here is a kill" in killing.reason
+    assert plan(kills=False).batch_size > 42
+
+
+def test_memory_that_rose_at_a_constant_batch_is_given_back_by_the_batch():
+    """The CNN job in 1 GiB (feasible 674 in fresh processes): at batch 540 its VmHWM sat at
+    995-1030 MB for eleven steps, then rose to 1146 MB and stayed; moving down 3 % at a time
+    (523, 507) gave back 18 MiB a move and the job was killed at 507. The move down is sized by
+    how far the latest step, with the spread, passes the budget, at the curve's cost per sample."""
+    from memd.policy.budget import Pool
+
+    run = [(32, 396767232), (32, 398655488), (32, 387383296), (92, 473165824), (92, 468983808),
+           (92, 485507072), (469, 1006256128), (506, 1018609664), (506, 1068929024), (506, 1085493248),
+           (506, 1068933120), (540, 1092042752), (540, 995241984), (540, 1021579264), (540, 1012965376),
+           (540, 1012748288), (540, 1012981760), (540, 1012772864), (540, 1012957184), (540, 1030422528),
+           (540, 1012936704), (540, 1021837312), (540, 1021751296), (540, 1145597952)]
+    obs = [Observation(b, p, warmup=i == 0, settling=i > 0 and b != run[i - 1][0]) for i, (b, p) in enumerate(run)]
+    pool = Pool("host", "cpu", GiB, int(1.16 * GB), None, 0)
+
+    def plan(n):
+        curve = fit(obs[:n], noise=CFG.peak_spread_host, kills=True)
+        return decide(curve, pool, Limits(default_batch=32), ControlState(batch=540), "ok", CFG,
+                      latest_batch=540, latest_peak=run[n - 1][1])
+
+    assert plan(len(run) - 1).plan.batch_size == 540  # the steady steps: it fits
+    after = plan(len(run))
+    curve = fit(obs, noise=CFG.peak_spread_host, kills=True)
+    lower = 540 - (run[-1][1] * (1 + curve.noise) - 1.16 * GB) / curve.per_sample_bytes
+    assert after.plan.batch_size == int(lower) < 500  # 492, not 523
+    assert after.state.cap[:2] == (540, after.plan.batch_size)  # and the run stays there
+    assert "passes the 1.16 GB budget; down to %d" % after.plan.batch_size in after.plan.reason

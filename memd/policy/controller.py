@@ -14,6 +14,7 @@ Every plan carries a one-line reason that names the move that decided it.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
@@ -103,8 +104,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
         cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
     if current is not None and budget is not None and curve is not None:
-        limit, reason, cap = _steady(limit, reason, current, latest_batch == current and curve.kills, settling, cap,
-                                     budget, cfg)
+        outgrown = latest_batch == current and curve.kills
+        clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
+        limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -164,14 +166,16 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
-            cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig):
+            cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig, clear: Optional[int] = None,
+            spread: float = 0.0):
     """Fewer, surer changes of batch: each costs the job memory and a DataLoader rebuild, and a
     run of small moves raised a real job's peaks by up to 10 % (the first step at a new size runs
     low, the next ones high). Growth waits for a second report at the batch and must gain min_gain.
     ``outgrown_here``: the latest report is at this batch, in a pool where an overshoot kills; if
     the job's own steps say the batch no longer fits, the move down goes min_gain below it and the
     run stays there (on a GPU an overshoot is an out-of-memory error, and its ceiling remembers
-    it; a cap there would also keep an allocator spike forever). Returns (limit, reason, cap)."""
+    it; a cap there would also keep an allocator spike forever), and at least to ``clear``, where
+    the latest step's own peak would fit (_clear_of). Returns (limit, reason, cap)."""
     if limit > current:
         if settling:
             return current, "keeping %d until a second step there: a batch's first step after a change runs low" % (
@@ -186,12 +190,27 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
         return limit, reason, cap
     if limit < current and outgrown_here and not reason.startswith("probing"):
         # The job's own steps at this batch say it no longer fits: go decisively below, and stay.
-        if limit > current * (1 - cfg.min_gain):
+        if clear is not None and clear < limit and clear < current * (1 - cfg.min_gain):
+            limit, reason = max(1, clear), "%d fits no longer: its latest step plus the %.0f %% spread passes the " \
+                "%.2f GB budget; down to %d, where it would fit" % (current, 100 * spread, budget / GB, max(1, clear))
+        elif limit > current * (1 - cfg.min_gain):
             lower = max(1, int(current * (1 - cfg.min_gain)))
             limit, reason = lower, "%d fits no longer: down to %d, %.0f %% below it (%s)" % (
                 current, lower, 100 * cfg.min_gain, reason)
         cap = (current, limit, budget)
     return limit, reason, cap
+
+
+def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> int:
+    """The batch at which a step that peaked at ``peak`` at ``current`` fits ``budget`` with the
+    spread the curve assumes. Memory that rose at a constant batch (the allocator's history: a
+    CNN job's peaks at 540 went from 965-982 to 1092 MiB and stayed) is given back only by
+    fewer samples, at the curve's cost per sample; a fixed 3 % step gave back 18 MiB a move, and
+    the job was killed two moves later."""
+    if not peak or curve.per_sample_bytes <= 0:
+        return current
+    over = peak * (1 + curve.noise) - budget
+    return current if over <= 0 else current - math.ceil(over / curve.per_sample_bytes)
 
 
 def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, current: Optional[int],
@@ -219,12 +238,16 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
             anchor, int(anchor * cfg.max_growth), fits)
     widest = max((b for b, _ in curve.observed), default=anchor)
-    if curve.source == "fit" and curve.confidence < SURE and fits > widest * cfg.max_growth:
+    if curve.source == "fit" and fits > widest * cfg.max_growth and (curve.confidence < SURE or curve.kills):
         # Few batch sizes and a slope the noise could explain (an allocator spike on one of two
         # reports flattens the line): grow by at most max_growth past the largest batch seen.
+        # Where an overshoot kills, whatever the fit's confidence: a real GPT job's line through
+        # batches 4 and 9 (confidence 0.75) planned 47 where 42 fits, as its small batches cost
+        # less per sample than its large ones.
         grow = int(widest * cfg.max_growth)
-        return grow, "ramping %d -> %d toward %d (per-sample cost not yet certain: confidence %.2f)" % (
-            anchor, grow, fits, curve.confidence)
+        why = "per-sample cost not yet certain: confidence %.2f" % curve.confidence if curve.confidence < SURE else \
+            "an overshoot here is a kill: at most %gx the largest batch seen" % cfg.max_growth
+        return grow, "ramping %d -> %d toward %d (%s)" % (anchor, grow, fits, why)
     seen = [b for b, _ in curve.observed]
     narrow = curve.source == "bound" or (curve.source == "fit" and curve.confidence < SURE and max(seen) < 2 * min(seen))
     if (narrow and fits <= anchor and latest_peak and latest_batch

@@ -182,21 +182,24 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
     uss = tuple(b for b in job.worker_bytes if b > 0) if job is not None else ()
     if job is not None and job.monotonic != session.workers_read:
         session.workers_read = job.monotonic
-        now = {p.pid: (p.uss_bytes if p.uss_bytes is not None else p.rss_bytes or 0, p.rss_bytes or 0)
+        # A worker can come to own at most its anonymous pages by copying them (its libraries'
+        # pages stay shared); RSS where they are unknown.
+        now = {p.pid: (p.uss_bytes if p.uss_bytes is not None else p.rss_bytes or 0,
+                       p.anon_bytes if p.anon_bytes is not None else p.rss_bytes or 0)
                for p in job.processes if p.pid != job.pid}
         for pid in list(session.worker_uss):
             if pid not in now:
                 del session.worker_uss[pid]  # gone: a rebuilt loader forks new ones
         growth = 0
-        for pid, (value, rss) in list(now.items())[:MAX_WORKERS]:
+        for pid, (value, anon) in list(now.items())[:MAX_WORKERS]:
             history = session.worker_uss.setdefault(pid, collections.deque(maxlen=WORKER_READS))
             history.append((job.monotonic, value))
             (t0, first), (t1, last) = history[0], history[-1]
             rate = (last - first) / (t1 - t0) if t1 > t0 and last > first else 0.0
-            # Copying on access, a forked worker makes private at most the pages it maps: its RSS
-            # (measured: ~622 MiB each, flat, while their USS grew 87 -> 224 MiB; the first
-            # seconds' rate alone projected 2.7 GB).
-            bound = max(last, rss)
+            # Copying on access, a forked worker makes private at most the anonymous pages it maps
+            # (measured: RSS ~622 MiB each, flat, while their USS grew 87 -> 224 MiB; the first
+            # seconds' rate alone projected 2.7 GB, and RSS counts the libraries too).
+            bound = max(last, anon)
             session.worker_cost = max(session.worker_cost, int(min(last + rate * cfg.worker_horizon_seconds, bound)))
             growth += int(min(rate * GROWTH_AHEAD, bound - last))
         session.worker_growth = growth

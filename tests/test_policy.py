@@ -307,10 +307,13 @@ def test_workers_follow_measured_cost_and_seed_table():
     shared = Pool("host", "unified", 128 * GB, 20 * GB, 30 * GB, GB)
     d = decide(curve, shared, Limits(num_workers=8), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB,
                latest_batch=8, workers=WorkerFacts(uss=(4 * GB, 4 * GB)), host_total_bytes=128 * GB)
-    budget = d.budget_bytes
-    spare = budget - curve.peak(d.plan.batch_size)
-    assert d.plan.num_workers == min(8, 2 + int(spare // (4 * GB)))
-    assert d.plan.num_workers < 8 and d.plan.prefetch_factor == 1  # memory-bound: fewer batches in flight too
+    # 29 GB of budget beside two live 4 GB workers; with no worker the pool would allow 360.
+    # Workers asked for keep their cost while the batch left is at least half that: 4 of 8.
+    alone = curve.max_batch(29 * GB + 8 * GB)
+    assert d.plan.num_workers == 4 and d.plan.prefetch_factor == 1  # memory-bound: fewer batches in flight too
+    assert alone // 2 <= d.plan.batch_size < alone and curve.max_batch(37 * GB - 5 * 4 * GB) < alone // 2
+    assert "4 workers of 4.00 GB each kept beside the batch, not 8" in d.plan.reason, d.plan.reason
+    assert d.budget_bytes == 37 * GB - 4 * 4 * GB  # the batch's budget: the pool less the kept workers
     roomy = decide(curve, shared, Limits(num_workers=2, prefetch_factor=4), ControlState(batch=8), "ok", CFG,
                    latest_peak=10 * GB, latest_batch=8, workers=WorkerFacts(uss=(GB, GB)), host_total_bytes=128 * GB)
     assert (roomy.plan.num_workers, roomy.plan.prefetch_factor) == (2, 4)  # room: the job's own choice

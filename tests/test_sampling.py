@@ -187,6 +187,8 @@ def test_process_tree_separates_shared_from_own_memory():
             assert child.ppid == parent.pid
             assert abs(child.uss_bytes - 100 * MiB) <= 0.15 * 100 * MiB, child
             assert child.rss_bytes >= child.uss_bytes + 150 * MiB  # RSS counts the shared 200 MB too
+            # all it could come to own by writing: its 100 MB and the parent's 200 MB, not the libraries
+            assert child.uss_bytes + 150 * MiB <= child.anon_bytes <= child.rss_bytes, child
         pss_total = tree.total("pss_bytes")
         rss_total = tree.total("rss_bytes")
         assert pss_total < rss_total - 400 * MiB  # PSS counts the shared pages once, RSS four times
@@ -206,7 +208,8 @@ def test_vanished_process_is_a_partial_answer_not_an_exception():
 def test_tree_of_fixture_proc(tmp_path):
     root = str(tmp_path)
     write(root, "10/stat", "10 (trainer) S 1 10 10 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 500 0 0\n")
-    write(root, "10/smaps_rollup", "Rss: 3000 kB\nPss: 2000 kB\nPrivate_Clean: 100 kB\nPrivate_Dirty: 900 kB\n")
+    write(root, "10/smaps_rollup", "Rss: 3000 kB\nPss: 2000 kB\nPrivate_Clean: 100 kB\nPrivate_Dirty: 900 kB\n"
+                                   "Anonymous: 1200 kB\n")
     write(root, "10/task/10/children", "11 12")
     write(root, "10/task/13/children", "")
     write(root, "11/stat", "11 (pt_data_worker (0)) S 10 10 10 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 600 0 0\n")
@@ -219,6 +222,7 @@ def test_tree_of_fixture_proc(tmp_path):
     assert (tree.processes[0].rss_bytes, tree.processes[0].pss_bytes, tree.processes[0].uss_bytes) == (
         3000 * 1024, 2000 * 1024, 1000 * 1024)
     assert tree.processes[1].gpu_bytes == 5 * MB
+    assert (tree.processes[0].anon_bytes, tree.processes[1].anon_bytes) == (1200 * 1024, None)
     assert tree.errors == (("procs", "process 12 vanished during the scan"),)
     assert procs.process_start_time(10, root) == 500
 
@@ -230,7 +234,8 @@ def test_memd_sample_pid_reports_the_tree_with_gpu_field():
         time.sleep(0.3)
         data = json.loads(run_memd(["sample", "--json", "--pid", str(parent.pid)]).stdout)
         assert len(data["processes"]) == 2
-        assert set(data["processes"][0]) == {"pid", "ppid", "name", "rss_bytes", "pss_bytes", "uss_bytes", "gpu_bytes"}
+        assert set(data["processes"][0]) == {"pid", "ppid", "name", "rss_bytes", "pss_bytes", "uss_bytes", "gpu_bytes",
+                                               "anon_bytes"}
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()

@@ -99,6 +99,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     else:
         budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
+    full_budget, kept = budget, 0
+    if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
+        budget, kept = _beside_workers(limits, workers, curve, budget)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
@@ -145,7 +148,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
 
     workers, prefetch, worker_note = _workers(limits, workers or WorkerFacts(), pool, level, host_total_bytes,
-                                              host_free_bytes, budget, curve, batch, cfg)
+                                              host_free_bytes, full_budget, curve, batch, cfg, kept)
     if worker_note:
         reason += "; " + worker_note
     plan = Plan(
@@ -270,24 +273,54 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
 _UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))
 
 
+def _wanted(limits: Limits, facts: WorkerFacts) -> int:
+    """The workers the job asked for (a hint, Session(num_workers)), else one per CPU it may use."""
+    if limits.num_workers is not None:
+        return limits.num_workers
+    return max(1, int(facts.cpus)) if facts.cpus else 0
+
+
+def _per_worker(facts: WorkerFacts) -> Optional[int]:
+    return facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
+
+
+def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int) -> Tuple[int, int]:
+    """(the batch's budget, workers kept out of it): the workers the job asked for keep their measured cost (one
+    batch in flight each) out of a shared pool while the batch left is at least half the batch
+    the pool allows with no worker; past that, one worker fewer at a time. A smaller batch costs
+    a step little (accumulation keeps the effective batch); a loader with no worker leaves the
+    training loop waiting on its data (batch first, a real job's four workers went to 0)."""
+    per_worker = _per_worker(facts)
+    wanted = _wanted(limits, facts)
+    if not per_worker or not wanted:
+        return budget, 0
+    per = per_worker + (facts.batch_bytes or 0)
+    room = budget + facts.growth + sum(facts.uss)  # with no worker: their memory and growth come back
+    half = max(limits.min_batch, curve.max_batch(room) // 2)
+    for kept in range(wanted, 0, -1):
+        left = room - kept * per
+        if left >= budget:
+            return budget, 0  # they fit beside the batch as it is
+        if curve.max_batch(left) >= half:
+            return left, kept
+    return budget, 0
+
+
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],
              host_available: Optional[int], budget: Optional[int], curve: Optional[Curve], batch: int,
-             cfg: PolicyConfig):
+             cfg: PolicyConfig, kept: int = 0):
     """(num_workers, prefetch_factor, note). What the job asked for (a hint, Session(num_workers)),
     else the DataLoader's suggestion: as many as the CPUs it may use. Memory and pressure only cut
     from there, and the cut goes when they allow."""
-    if limits.num_workers is not None:
-        wanted = limits.num_workers
-    else:
-        wanted = max(1, int(facts.cpus)) if facts.cpus else 0
+    wanted = _wanted(limits, facts)
     prefetch = limits.prefetch_factor or 2
     note = ""
     shared_pool = pool is not None and pool.kind != "discrete"
-    per_worker = facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
+    per_worker = _per_worker(facts)
     if per_worker:
         if shared_pool and budget is not None and curve is not None:
-            # Workers compete with the batch (batch first); their growth was held back from the
-            # budget for them.
+            # Workers share the pool with the batch: those the batch's budget kept out for them
+            # (_beside_workers) fit, and their growth was held back from the budget for them.
             spare = budget + facts.growth - curve.peak(batch)
         else:
             # Workers live in host RAM, which keeps its OS reserve and a margin.
@@ -300,8 +333,9 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
             per = per_worker + (facts.batch_bytes or 0)  # memory cuts the workers: one batch in flight each
             affordable = max(0, int((spare + sum(facts.uss)) // per))
             fit = min(affordable, wanted)
-            note = "%d worker%s of %.2f GB each fit%s, not %d; prefetch 1" % (
-                fit, "" if fit == 1 else "s", per / GB, "s" if fit == 1 else "", wanted)
+            note = "%d worker%s of %.2f GB each %s, not %d; prefetch 1" % (
+                fit, "" if fit == 1 else "s", per / GB,
+                "kept beside the batch" if kept and fit >= kept else "fits" if fit == 1 else "fit", wanted)
             wanted, prefetch = min(affordable, wanted), 1
     elif pool is not None and pool.kind == "unified" and host_total:
         table = next(n for floor, n in _UNIFIED_WORKER_TABLE if host_total >= floor)

@@ -96,11 +96,11 @@ def _read_process(pid: int, proc_root: str, detail: bool,
     """
     base = os.path.join(proc_root, str(pid))
     ppid, name = _stat(base)
-    rss = pss = uss = None
+    rss = pss = uss = anon = None
     why = None
     if detail:
         try:
-            rss, pss, uss = _smaps_rollup(base)
+            rss, pss, uss, anon = _smaps_rollup(base)
         except FileNotFoundError:
             why = NO_SMAPS_ROLLUP
         except PermissionError:
@@ -109,7 +109,7 @@ def _read_process(pid: int, proc_root: str, detail: bool,
         rss = _statm_rss(base)
     gpu = gpu_bytes.get(pid) if gpu_bytes else None
     return ProcessMemory(pid=pid, ppid=ppid, name=name, rss_bytes=rss, pss_bytes=pss, uss_bytes=uss,
-                         gpu_bytes=gpu), why
+                         gpu_bytes=gpu, anon_bytes=anon), why
 
 
 def children(pid: int, proc_root: str = "/proc") -> List[int]:
@@ -146,7 +146,7 @@ def _stat(base: str) -> Tuple[int, str]:
     return int(fields[1]), name
 
 
-def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int]]:
+def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int], Optional[int]]:
     values: Dict[str, int] = {}
     with open(os.path.join(base, "smaps_rollup")) as f:
         for line in f:
@@ -155,9 +155,9 @@ def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int
             if len(parts) == 2 and parts[1] == "kB":
                 values[key] = int(parts[0]) * 1024
     if "Rss" not in values:
-        return None, None, None  # a kernel thread, or an exited process with no mappings
+        return None, None, None, None  # a kernel thread, or an exited process with no mappings
     uss = values.get("Private_Clean", 0) + values.get("Private_Dirty", 0) + values.get("Private_Hugetlb", 0)
-    return values["Rss"], values.get("Pss"), uss
+    return values["Rss"], values.get("Pss"), uss, values.get("Anonymous")
 
 
 def read_cpus_allowed(pid: int, proc_root: str = "/proc") -> Optional[int]:

@@ -81,6 +81,9 @@ class ProcessMemory:
     pss_bytes: Optional[int]  # shared pages split among their sharers: sums to the real total
     uss_bytes: Optional[int]  # pages only this process holds: what killing it would free
     gpu_bytes: Optional[int] = None
+    # Anonymous pages mapped (heap, stacks), shared copy-on-write ones included: all that a forked
+    # worker can come to own by writing to them; its library pages stay shared.
+    anon_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)

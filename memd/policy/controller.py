@@ -207,7 +207,7 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
 def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> int:
     """The batch at which a step that peaked at ``peak`` at ``current`` fits ``budget`` with the
     spread the curve assumes. Memory that rose at a constant batch (the allocator's history: a
-    CNN job's peaks at 540 went from 965-982 to 1092 MiB and stayed) is given back only by
+    CNN job's peaks at 540 went from 995-1030 to 1146 MB and stayed) is given back only by
     fewer samples, at the curve's cost per sample; a fixed 3 % step gave back 18 MiB a move, and
     the job was killed two moves later."""
     if not peak or curve.per_sample_bytes <= 0:
@@ -285,9 +285,9 @@ def _per_worker(facts: WorkerFacts) -> Optional[int]:
 
 
 def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int) -> Tuple[int, int]:
-    """(the batch's budget, workers kept out of it): the workers the job asked for keep their measured cost (one
-    batch in flight each) out of a shared pool while the batch left is at least half the batch
-    the pool allows with no worker; past that, one worker fewer at a time. A smaller batch costs
+    """(the batch's budget, workers kept out of it). The workers the job asked for keep their
+    measured cost (one batch in flight each) out of a shared pool while the batch left is at
+    least half the batch the pool allows with no worker; past that, one worker fewer at a time. A smaller batch costs
     a step little (accumulation keeps the effective batch); a loader with no worker leaves the
     training loop waiting on its data (batch first, a real job's four workers went to 0)."""
     per_worker = _per_worker(facts)

@@ -330,3 +330,21 @@ def test_memory_that_rose_at_a_constant_batch_is_given_back_by_the_batch():
     assert after.plan.batch_size == int(lower) < 500  # 492, not 523
     assert after.state.cap[:2] == (540, after.plan.batch_size)  # and the run stays there
     assert "passes the 1.16 GB budget; down to %d" % after.plan.batch_size in after.plan.reason
+
+
+def test_headroom_is_measured_where_planning_works():
+    """The CNN job in 2 GiB (feasible 1684): its curve bends (batch 32 to 178 cost 1.4 MiB a
+    sample, the rest 0.95), so the line through every batch size stood 200 MiB under its report
+    at 358. Taken as headroom on every peak, that left 417 MiB of the group unused at 1279
+    (steady at 1710 MiB, nine reports). Measured at the batch sizes near the largest, the
+    headroom is the job's spread there, and the curve still covers every report there."""
+    run = [(32, 381), (32, 379), (32, 377), (32, 377), (32, 380), (179, 598), (178, 636), (358, 872),
+           (358, 928), (358, 839), (716, 1154), (716, 1176), (1100, 1513), (1100, 1514), (1197, 1619),
+           (1197, 1620), (1237, 1663), (1237, 1663), (1237, 1664), (1237, 1663)] + [(1279, 1710)] * 10
+    obs = [Observation(b, p * MiB, warmup=i == 0, settling=i > 0 and b != run[i - 1][0])
+           for i, (b, p) in enumerate(run)]
+    curve = host_curve(obs)
+    budget = 2127 * MiB  # the run's budget, 2.23 GB
+    assert curve.max_batch(budget) >= 0.92 * 1684  # was 1307 (78 %) with the headroom taken at 358
+    for b, peak in run[12:]:  # from 1100 on, within a factor of two of 1279
+        assert curve.peak(b) >= peak * MiB

@@ -204,8 +204,9 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     dataset it read. A worker can make private at most what it maps, so each is counted at 622
     MiB, not at the 772 its rate projects 30 s ahead; what the two add at that rate before the
     daemon and the job can react (10 s: 2 x 183 MiB) is held back from the batch. The job asked
-    for 4 in a 2 GiB group: the batch comes first, and beside it one worker at 622 MiB fits, not
-    two. A rebuilt loader's fresh workers are counted at what this run's workers reached."""
+    for 4 in a 2 GiB group: one worker at 622 MiB leaves the batch more than half of what it
+    could have alone, two would not. A rebuilt loader's fresh workers are counted at what this
+    run's workers reached."""
     from memd.planner import worker_facts
     from memd.policy.budget import Pool
     from memd.sampling.snapshot import ProcessMemory
@@ -232,10 +233,10 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
         return decide(curve, pool, Limits(max_batch=256, num_workers=4), ControlState(batch=256), "ok", CFG,
                       workers=facts, latest_batch=256).plan
 
-    # budget 600 + 1000 - 20 - 365 = 1215 MiB: the batch where 630 + 1.4 b fits (417, capped at
-    # 256, 988 MiB); beside it 1215 + 365 - 988 + 448 = 1040 MiB for workers: one at 622
+    # budget 600 + 1000 - 20 - 365 = 1215 MiB; with no worker 1215 + 365 + 448 = 2028 MiB, where
+    # 630 + 1.4 b allows 998; one worker at 622 leaves 1406 MiB (554 >= 998 / 2), two 784 (110)
     first = plan(facts)
-    assert first.batch_size == 256 and first.num_workers == 1 and "1 worker of 0.65 GB each fits, not 4" in first.reason, first.reason
+    assert first.batch_size == 256 and first.num_workers == 1 and "1 of the 4 workers asked for, at 0.65 GB each, beside the batch" in first.reason, first.reason
     grown = read(10.0, [(8, 400), (9, 400)])  # at 70 MiB/s each (the last reads), 2 x 222 MiB more ahead
     assert grown.growth == 2 * (622 - 400) * MiB and plan(grown).batch_size < 256
     rebuilt = read(12.0, [(10, 12), (11, 12)])  # fresh forks: counted at what workers reached this run

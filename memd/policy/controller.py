@@ -99,7 +99,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     else:
         budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
-    full_budget, kept = budget, 0
+    kept = None
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
         budget, kept = _beside_workers(limits, workers, curve, budget)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
@@ -148,7 +148,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
 
     workers, prefetch, worker_note = _workers(limits, workers or WorkerFacts(), pool, level, host_total_bytes,
-                                              host_free_bytes, full_budget, curve, batch, cfg, kept)
+                                              host_free_bytes, cfg, kept)
     if worker_note:
         reason += "; " + worker_note
     plan = Plan(
@@ -284,47 +284,48 @@ def _per_worker(facts: WorkerFacts) -> Optional[int]:
     return facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
 
 
-def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int) -> Tuple[int, int]:
-    """(the batch's budget, workers kept out of it). The workers the job asked for keep their
-    measured cost (one batch in flight each) out of a shared pool while the batch left is at
-    least half the batch the pool allows with no worker; past that, one worker fewer at a time. A smaller batch costs
-    a step little (accumulation keeps the effective batch); a loader with no worker leaves the
-    training loop waiting on its data (batch first, a real job's four workers went to 0)."""
+def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int) -> Tuple[int, Optional[int]]:
+    """(the batch's budget, the workers kept beside it; None before a worker is measured).
+
+    In a pool the batch shares with its workers, the number of workers is decided first, once
+    for the pool: the most of those the job asked for whose measured cost leaves the batch at
+    least half of what the pool allows with no worker (a smaller batch costs a step little, as
+    accumulation keeps the effective batch; a loader with no worker leaves the loop waiting on
+    its data: batch first, the benchmark's loader that asked for 4 ended with 0). The batch then
+    gets the rest. Decided after the batch, the count flipped 1, 0, 1 as the batch's peaks moved."""
     per_worker = _per_worker(facts)
     wanted = _wanted(limits, facts)
     if not per_worker or not wanted:
-        return budget, 0
-    per = per_worker + (facts.batch_bytes or 0)
+        return budget, None
     room = budget + facts.growth + sum(facts.uss)  # with no worker: their memory and growth come back
     half = max(limits.min_batch, curve.max_batch(room) // 2)
     for kept in range(wanted, 0, -1):
-        left = room - kept * per
-        if left >= budget:
-            return budget, 0  # they fit beside the batch as it is
+        # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them.
+        prefetch = (limits.prefetch_factor or 2) if kept == wanted else 1
+        left = room - kept * (per_worker + prefetch * (facts.batch_bytes or 0))
         if curve.max_batch(left) >= half:
-            return left, kept
+            return min(budget, left), kept
     return budget, 0
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],
-             host_available: Optional[int], budget: Optional[int], curve: Optional[Curve], batch: int,
-             cfg: PolicyConfig, kept: int = 0):
+             host_available: Optional[int], cfg: PolicyConfig, kept: Optional[int] = None):
     """(num_workers, prefetch_factor, note). What the job asked for (a hint, Session(num_workers)),
     else the DataLoader's suggestion: as many as the CPUs it may use. Memory and pressure only cut
-    from there, and the cut goes when they allow."""
+    from there, and the cut goes when they allow. ``kept``: the count decided with the batch in a
+    pool they share (_beside_workers)."""
     wanted = _wanted(limits, facts)
     prefetch = limits.prefetch_factor or 2
     note = ""
-    shared_pool = pool is not None and pool.kind != "discrete"
     per_worker = _per_worker(facts)
-    if per_worker:
-        if shared_pool and budget is not None and curve is not None:
-            # Workers share the pool with the batch: those the batch's budget kept out for them
-            # (_beside_workers) fit, and their growth was held back from the budget for them.
-            spare = budget + facts.growth - curve.peak(batch)
-        else:
-            # Workers live in host RAM, which keeps its OS reserve and a margin.
-            spare = host_free(host_total or 0, host_available or 0, cfg) - margin(host_total or 0, cfg)
+    if kept is not None:  # a pool shared with the batch: decided with it (_beside_workers)
+        if kept < wanted:
+            note = "%d of the %d workers asked for, at %.2f GB each, beside the batch; prefetch 1" % (
+                kept, wanted, (per_worker + (facts.batch_bytes or 0)) / GB)
+            wanted, prefetch = kept, 1
+    elif per_worker:
+        # Workers live in host RAM, apart from the batch's pool: it keeps its OS reserve and a margin.
+        spare = host_free(host_total or 0, host_available or 0, cfg) - margin(host_total or 0, cfg)
         # Each worker costs what it reaches, and keeps prefetch_factor batches in flight (seed
         # 004); the workers' own memory now is in use already and comes back with a cut.
         per = per_worker + prefetch * (facts.batch_bytes or 0)
@@ -333,9 +334,8 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
             per = per_worker + (facts.batch_bytes or 0)  # memory cuts the workers: one batch in flight each
             affordable = max(0, int((spare + sum(facts.uss)) // per))
             fit = min(affordable, wanted)
-            note = "%d worker%s of %.2f GB each %s, not %d; prefetch 1" % (
-                fit, "" if fit == 1 else "s", per / GB,
-                "kept beside the batch" if kept and fit >= kept else "fits" if fit == 1 else "fit", wanted)
+            note = "%d worker%s of %.2f GB each fit%s, not %d; prefetch 1" % (
+                fit, "" if fit == 1 else "s", per / GB, "s" if fit == 1 else "", wanted)
             wanted, prefetch = min(affordable, wanted), 1
     elif pool is not None and pool.kind == "unified" and host_total:
         table = next(n for floor, n in _UNIFIED_WORKER_TABLE if host_total >= floor)

@@ -325,7 +325,7 @@ def table(results: List[Dict]) -> str:
                          "1" if r["killed"] else "0", "-", "-"]
             else:
                 workers = r.get("workers") or []
-                cells = [str(final) + (" (%d workers)" % workers[-1] if workers else ""), "%.1f %%" % (100.0 * final / best), str(r["oom_errors"]), "0",
+                cells = [str(final) + (" (%d worker%s)" % (workers[-1], "" if workers[-1] == 1 else "s") if workers else ""), "%.1f %%" % (100.0 * final / best), str(r["oom_errors"]), "0",
                          str(at + 1), "%.0f" % r["seconds"][at]]
             lines.append("| %s | %.2f GiB | %d | %s | %s |" % (row["name"], row["limit_bytes"] / GiB, best, r["method"],
                                                                " | ".join(cells)))

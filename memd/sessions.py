@@ -61,11 +61,10 @@ class Session:
     cpus: Optional[float] = None  # what the client said it may use (its affinity), before a job read
     local_world_size: Optional[int] = None  # ranks of the job on this node
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
-    # Each worker's (job read time, USS), and what one costs: the most one reached this run, or
-    # is growing to now (planner.worker_facts)
+    # Each worker's (job read time, USS), and the most one reached or was growing to this run
+    # (planner.worker_facts)
     worker_uss: Dict[int, Deque[Tuple[float, int]]] = field(default_factory=dict)
     worker_cost: int = 0
-    worker_reached: int = 0  # the most any worker's own memory reached this run (measured)
     worker_growth: int = 0  # what the live workers are projected to add (planner.worker_facts)
     workers_read: Optional[float] = None  # the job read they were last updated from
     # (job read's monotonic time, capacity, free + held) of the last two reads of a host pool

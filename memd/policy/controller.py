@@ -324,7 +324,8 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
                 kept, wanted, (per_worker + (facts.batch_bytes or 0)) / GB)
             wanted, prefetch = kept, 1
     elif per_worker:
-        # Workers live in host RAM, apart from the batch's pool: it keeps its OS reserve and a margin.
+        # Workers in host RAM beside a GPU's batch (or before the job's curve is known): the RAM
+        # keeps its OS reserve and a margin.
         spare = host_free(host_total or 0, host_available or 0, cfg) - margin(host_total or 0, cfg)
         # Each worker costs what it reaches, and keeps prefetch_factor batches in flight (seed
         # 004); the workers' own memory now is in use already and comes back with a cut.

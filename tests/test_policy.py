@@ -314,6 +314,10 @@ def test_workers_follow_measured_cost_and_seed_table():
     assert alone // 2 <= d.plan.batch_size < alone and curve.max_batch(37 * GB - 5 * 4 * GB) < alone // 2
     assert "4 of the 8 workers asked for, at 4.00 GB each, beside the batch" in d.plan.reason, d.plan.reason
     assert d.budget_bytes == 37 * GB - 4 * 4 * GB  # the batch's budget: the pool less the kept workers
+    # The hint is the client's number: an absurd one is answered with what the pool affords, at once.
+    absurd = decide(curve, shared, Limits(num_workers=10 ** 12), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB,
+                    latest_batch=8, workers=WorkerFacts(uss=(4 * GB, 4 * GB)), host_total_bytes=128 * GB)
+    assert (absurd.plan.num_workers, absurd.plan.batch_size) == (4, d.plan.batch_size)
     roomy = decide(curve, shared, Limits(num_workers=2, prefetch_factor=4), ControlState(batch=8), "ok", CFG,
                    latest_peak=10 * GB, latest_batch=8, workers=WorkerFacts(uss=(GB, GB)), host_total_bytes=128 * GB)
     assert (roomy.plan.num_workers, roomy.plan.prefetch_factor) == (2, 4)  # room: the job's own choice

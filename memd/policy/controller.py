@@ -23,7 +23,7 @@ from memd.client.plan import Plan, split_batch
 from memd.config import PolicyConfig
 
 from .budget import Pool, host_free, margin
-from .fit import Curve
+from .fit import Curve, largest
 from .pressure import rank
 
 GB = 1e9
@@ -299,13 +299,16 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         return budget, None
     room = budget + facts.growth + sum(facts.uss)  # with no worker: their memory and growth come back
     half = max(limits.min_batch, curve.max_batch(room) // 2)
-    for kept in range(wanted, 0, -1):
+
+    def left(kept: int) -> int:
         # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them.
         prefetch = (limits.prefetch_factor or 2) if kept == wanted else 1
-        left = room - kept * (per_worker + prefetch * (facts.batch_bytes or 0))
-        if curve.max_batch(left) >= half:
-            return min(budget, left), kept
-    return budget, 0
+        return room - kept * (per_worker + prefetch * (facts.batch_bytes or 0))
+
+    # A bisection, not a count down: the hint is the client's number, and 10**12 froze the daemon.
+    kept = wanted if curve.max_batch(left(wanted)) >= half else \
+        largest(lambda k: k < wanted and curve.max_batch(left(k)) >= half)
+    return (min(budget, left(kept)), kept) if kept else (budget, 0)
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],

@@ -97,7 +97,7 @@ class Curve:
         batch whose highest report, plus the noise, fits is kept whatever the line says: the
         budget already keeps a margin free, and the line may be unsure of a slope that the noise
         hides."""
-        fits = _largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes)
+        fits = largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes)
         seen = [s for s, top in self.observed
                 if top * (1 + self.noise) <= budget_bytes and s > fits and self.floor(s) <= budget_bytes]
         return max(seen + [fits])
@@ -106,7 +106,7 @@ class Curve:
 LARGEST = 1 << 20  # no batch is larger
 
 
-def _largest(ok) -> int:
+def largest(ok) -> int:
     """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails)."""
     if not ok(1):
         return 0

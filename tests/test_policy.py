@@ -312,7 +312,7 @@ def test_workers_follow_measured_cost_and_seed_table():
     alone = curve.max_batch(29 * GB + 8 * GB)
     assert d.plan.num_workers == 4 and d.plan.prefetch_factor == 1  # memory-bound: fewer batches in flight too
     assert alone // 2 <= d.plan.batch_size < alone and curve.max_batch(37 * GB - 5 * 4 * GB) < alone // 2
-    assert "4 of the 8 workers asked for, at 4.00 GB each, beside the batch" in d.plan.reason, d.plan.reason
+    assert "4 of the 8 workers asked for, at 3.73 GiB each, beside the batch" in d.plan.reason, d.plan.reason
     assert d.budget_bytes == 37 * GB - 4 * 4 * GB  # the batch's budget: the pool less the kept workers
     # The hint is the client's number: an absurd one is answered with what the pool affords, at once.
     absurd = decide(curve, shared, Limits(num_workers=10 ** 12), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB,

@@ -236,7 +236,7 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     # budget 600 + 1000 - 20 - 365 = 1215 MiB; with no worker 1215 + 365 + 448 = 2028 MiB, where
     # 630 + 1.4 b allows 998; one worker at 622 leaves 1406 MiB (554 >= 998 / 2), two 784 (110)
     first = plan(facts)
-    assert first.batch_size == 256 and first.num_workers == 1 and "1 of the 4 workers asked for, at 0.65 GB each, beside the batch" in first.reason, first.reason
+    assert first.batch_size == 256 and first.num_workers == 1 and "1 of the 4 workers asked for, at 0.61 GiB each, beside the batch" in first.reason, first.reason
     grown = read(10.0, [(8, 400), (9, 400)])  # at 70 MiB/s each (the last reads), 2 x 222 MiB more ahead
     assert grown.growth == 2 * (622 - 400) * MiB and plan(grown).batch_size < 256
     rebuilt = read(12.0, [(10, 12), (11, 12)])  # fresh forks: counted at what workers reached this run
@@ -253,7 +253,7 @@ def test_a_batch_kept_by_its_own_steps_says_so():
     plan = decide(curve, Pool("gpu", "discrete", 100 * 10 ** 9, 82 * 10 ** 9, None, 0), Limits(),
                   ControlState(batch=20), "ok", CFG, latest_batch=20).plan
     assert plan.batch_size == 20
-    assert plan.reason == "20 fits: its steps there peaked at 80.00 GB of a 82.00 GB budget"
+    assert plan.reason == "20 fits: its steps there peaked at 74.51 GiB of a 76.37 GiB budget"
 
 
 def test_a_job_whose_memory_is_not_read_yet_is_not_budgeted_from_the_machine():
@@ -330,7 +330,7 @@ def test_memory_that_rose_at_a_constant_batch_is_given_back_by_the_batch():
     lower = 540 - (run[-1][1] * (1 + curve.noise) - 1.16 * GB) / curve.per_sample_bytes
     assert after.plan.batch_size == int(lower) < 500  # 492, not 523
     assert after.state.cap[:2] == (540, after.plan.batch_size)  # and the run stays there
-    assert "passes the 1.16 GB budget; down to %d" % after.plan.batch_size in after.plan.reason
+    assert "passes the 1.08 GiB budget; down to %d" % after.plan.batch_size in after.plan.reason
 
 
 def test_headroom_is_measured_where_planning_works():

@@ -26,7 +26,7 @@ from .budget import Pool, host_free, margin
 from .fit import Curve, largest
 from .pressure import rank
 
-GB = 1e9
+GiB = 2 ** 30  # human output is in GiB
 SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped
 
 
@@ -195,7 +195,7 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
         # The job's own steps at this batch say it no longer fits: go decisively below, and stay.
         if clear is not None and clear < limit and clear < current * (1 - cfg.min_gain):
             limit, reason = max(1, clear), "%d fits no longer: its latest step plus the %.0f %% spread passes the " \
-                "%.2f GB budget; down to %d, where it would fit" % (current, 100 * spread, budget / GB, max(1, clear))
+                "%.2f GiB budget; down to %d, where it would fit" % (current, 100 * spread, budget / GiB, max(1, clear))
         elif limit > current * (1 - cfg.min_gain):
             lower = max(1, int(current * (1 - cfg.min_gain)))
             limit, reason = lower, "%d fits no longer: down to %d, %.0f %% below it (%s)" % (
@@ -234,8 +234,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     if curve.source == "prior" and curve.batch_sizes == 0:
         # Only a prior: start no higher than the job's default, or half what the prior allows.
         first = min(start, fits) if limits.default_batch else max(limits.min_batch, fits // 2)
-        return max(first, 1), "starting at %d from the prior estimate (%.1f GB fixed + %.2f GB/sample, budget %.1f GB)" % (
-            max(first, 1), curve.fixed_bytes / GB, curve.per_sample_bytes / GB, budget / GB)
+        return max(first, 1), "starting at %d from the prior estimate (%.1f GiB fixed + %.2f GiB/sample, budget %.1f GiB)" % (
+            max(first, 1), curve.fixed_bytes / GiB, curve.per_sample_bytes / GiB, budget / GiB)
     anchor = latest_batch or current or start
     if curve.source == "prior" and fits > anchor * cfg.max_growth:
         return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
@@ -259,14 +259,14 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         # fixed from per-sample cost (one batch: the bound p/b is pessimistic when much of p is
         # fixed). One step at half the batch (always safe) measures the real slope.
         probe = anchor // 2
-        return probe, "probing %d -> %d for one step to learn the per-sample cost (%.2f GB of the budget unused)" % (
-            anchor, probe, (budget - latest_peak) / GB)
+        return probe, "probing %d -> %d for one step to learn the per-sample cost (%.2f GiB of the budget unused)" % (
+            anchor, probe, (budget - latest_peak) / GiB)
     peak = curve.peak(max(fits, 1))
     seen = dict(curve.observed).get(fits)
     if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line
-        return fits, "%d fits: its steps there peaked at %.2f GB of a %.2f GB budget" % (fits, seen / GB, budget / GB)
-    return fits, "%d fits: predicted peak %.2f GB of a %.2f GB budget (%s from %d batch size%s)" % (
-        fits, peak / GB, budget / GB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
+        return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (fits, seen / GiB, budget / GiB)
+    return fits, "%d fits: predicted peak %.2f GiB of a %.2f GiB budget (%s from %d batch size%s)" % (
+        fits, peak / GiB, budget / GiB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 
 
 # Seed 000's worker table for unified machines, used before any worker is measured.
@@ -323,8 +323,8 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
     per_worker = _per_worker(facts)
     if kept is not None:  # a pool shared with the batch: decided with it (_beside_workers)
         if kept < wanted:
-            note = "%d of the %d workers asked for, at %.2f GB each, beside the batch; prefetch 1" % (
-                kept, wanted, (per_worker + (facts.batch_bytes or 0)) / GB)
+            note = "%d of the %d workers asked for, at %.2f GiB each, beside the batch; prefetch 1" % (
+                kept, wanted, (per_worker + (facts.batch_bytes or 0)) / GiB)
             wanted, prefetch = kept, 1
     elif per_worker:
         # Workers in host RAM beside a GPU's batch (or before the job's curve is known): the RAM
@@ -338,13 +338,13 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
             per = per_worker + (facts.batch_bytes or 0)  # memory cuts the workers: one batch in flight each
             affordable = max(0, int((spare + sum(facts.uss)) // per))
             fit = min(affordable, wanted)
-            note = "%d worker%s of %.2f GB each fit%s, not %d; prefetch 1" % (
-                fit, "" if fit == 1 else "s", per / GB, "s" if fit == 1 else "", wanted)
+            note = "%d worker%s of %.2f GiB each fit%s, not %d; prefetch 1" % (
+                fit, "" if fit == 1 else "s", per / GiB, "s" if fit == 1 else "", wanted)
             wanted, prefetch = min(affordable, wanted), 1
     elif pool is not None and pool.kind == "unified" and host_total:
         table = next(n for floor, n in _UNIFIED_WORKER_TABLE if host_total >= floor)
         if table < wanted:
-            note = "%d workers for %.0f GB of unified memory, until workers are measured" % (table, host_total / GB)
+            note = "%d workers for %.0f GiB of unified memory, until workers are measured" % (table, host_total / GiB)
             wanted = table
     if rank(level) >= rank("high"):
         wanted = wanted // 2 if level == "high" else 0

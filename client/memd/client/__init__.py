@@ -27,10 +27,11 @@ from typing import Any, Deque, Dict, Optional
 import zmq
 
 from . import protocol
-from .heap import StepTrimmer, trim_heap
+from .heap import StepTrimmer, steady_heap, trim_heap
 from .plan import Plan, fallback_plan, split_batch
 
-__all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable", "trim_heap"]
+__all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable", "trim_heap",
+           "steady_heap"]
 
 # Plain ints: pyzmq's enum flags cost a conversion per call, and these are on the hot path.
 _NOBLOCK, _EVENTS, _POLLIN, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVTIMEO)
@@ -98,6 +99,7 @@ class Session:
         self._lock = threading.Lock()
         self._reset()
         _sessions.add(self)
+        steady_heap()  # a step's peak that does not depend on the steps before it (heap.py)
 
     # -- public API -------------------------------------------------------------------------
 

@@ -9,15 +9,45 @@ a dozen steps (939-1049 MiB); trimmed after every step they held at 930-940 MiB,
 the run's time.
 ``malloc_trim(0)`` returns every free page, holes in the middle of the heap included. Elsewhere
 (musl, macOS) there is nothing to call and it does nothing.
+
+A trim comes after the step; the spread comes from inside it. glibc serves an allocation of
+128 KiB or more with its own mmap, given back when freed, but raises that threshold to the
+size of each such block freed (up to 32 MiB): after a first step, a CPU job's activations come
+from the heap instead, where what a step leaves in the middle decides where the next step's
+tensors land. Held at its starting 128 KiB (``steady_heap``), the same batch peaked the same at
+every step: a CNN at batch 560 in a 1 GiB cgroup at 797-812 MiB anonymous instead of 834-883, a
+GPT-style job at batch 40 at 875-889 instead of 888-1006 (bench/heapcost.py has the cost).
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from typing import Any, Optional
 
 _trim: Optional[Any] = None
 _probed = False
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h); setting it also stops the threshold rising
+STEADY_MMAP_THRESHOLD = 128 * 1024  # glibc's own starting threshold
+_steady: Optional[bool] = None
+
+
+def steady_heap() -> bool:
+    """Keep glibc's mmap threshold at its starting 128 KiB for the rest of the process, so a
+    step's large tensors are mapped and unmapped whole and its peak does not depend on what
+    earlier steps left in the heap. Once per process; ``MEMD_STEADY_HEAP=0`` leaves the heap
+    alone. False where there is no glibc (nothing to set) or it was left alone. Never raises."""
+    global _steady
+    if _steady is None:
+        _steady = False
+        if os.environ.get("MEMD_STEADY_HEAP", "1").strip() not in ("0", "no", "false", "off"):
+            try:
+                mallopt = ctypes.CDLL(None).mallopt
+                mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+                _steady = mallopt(_M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD) == 1
+            except Exception:
+                _steady = False
+    return _steady
 
 
 def trim_heap() -> bool:

@@ -12,7 +12,7 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
          (seed 004): within a few epochs of a few batches each
   tiny   the gpt layout at a tenth of the cost, for the test suite
 Methods (where the batch size comes from):
-  fixed                --batch N, every step
+  fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it)
   report               memd: Session.plan() (trim_heap() when its batch changes, as the README
                        shows), then report(batch, peak_bytes=VmHWM) and reset VmHWM
   suggest              memd: client.suggest_batch(default) alone, once a step
@@ -386,7 +386,12 @@ def main(argv=None) -> None:
     parser.add_argument("--default-batch", type=int, default=4, help="the user's default for memd's methods")
     parser.add_argument("--starting-batch", type=int, default=128, help="accelerate's starting_batch_size")
     parser.add_argument("--job", default=None, help="memd job name (default: bench-SHAPE)")
+    parser.add_argument("--steady-heap", action="store_true",
+                        help="hold glibc's mmap threshold as memd's client does (memd.client.heap.steady_heap)")
     args = parser.parse_args(argv)
+    if args.steady_heap:
+        from memd.client.heap import steady_heap
+        steady_heap()
     args.job = args.job or "bench-%s" % args.shape
     if args.method == "fixed" and not args.batch:
         parser.error("--method fixed needs --batch")

@@ -39,6 +39,41 @@ def test_a_rebuild_mid_epoch_loses_and_repeats_no_sample(memd):
         assert sorted(again) == list(range(203)) and loader.builds == 2
 
 
+class ScriptedSession:
+    """Plans from a script, one per batch. A stand-in for the daemon (whose plans depend on
+    measured memory): what is under test is the loader's answer to a plan, with real workers."""
+
+    def __init__(self, sizes, workers=2):
+        self.sizes, self.workers, self.asked = list(sizes), workers, 0
+        self.target_effective_batch, self.min_batch = None, 1
+
+    def plan(self):
+        size = self.sizes[min(self.asked, len(self.sizes) - 1)]
+        self.asked += 1
+        return client.Plan(batch_size=size, grad_accum_steps=1, effective_batch_size=size, num_workers=self.workers,
+                           prefetch_factor=2, throttle=False, pressure="ok", reason="scripted", source="daemon")
+
+    def report(self, *args, **kwargs):
+        pass
+
+
+def test_a_growing_batch_keeps_the_workers_and_a_shrinking_one_rebuilds():
+    """Growth reaches the workers without a rebuild (each forked worker keeps what it copied of
+    the dataset; a rebuild forks new ones that copy it again): batches prefetched at the old size
+    come first, then the larger ones. A cut rebuilds at once. Every sample comes exactly once."""
+    session = ScriptedSession([8] * 4 + [20] * 6 + [5])
+    loader = MemdLoader(Numbers(), session, shuffle=True, report=False)
+    seen, sizes = [], []
+    for batch in loader:
+        seen.extend(int(v) for v in batch.flatten())
+        sizes.append(len(batch))
+    assert sorted(seen) == list(range(203))  # none lost, none repeated
+    assert loader.builds == 2, sizes  # the growth kept the DataLoader; only the cut rebuilt it
+    grown = sizes.index(20)
+    assert set(sizes[:grown]) == {8} and grown <= 4 + 2 * 2, sizes  # at most workers x prefetch at the old size
+    assert sizes[-2:] != [20, 20] and 5 in sizes, sizes  # the cut reached the loader
+
+
 def test_a_job_with_no_hint_gets_workers(memd):
     """No num_workers anywhere: the DataLoader's own suggestion, as many as the CPUs it may use."""
     with client.Session("loader-default", endpoint=memd.endpoint, timeout=1.0, default_batch=4) as s:

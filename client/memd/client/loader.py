@@ -9,7 +9,9 @@
             for batch in loader:               # each batch is one step's: nothing else to report
                 ...
 
-Each epoch draws its order from the sampler once. When the plan's batch size, workers or
+Each epoch draws its order from the sampler once. When the plan's batch size grows, the next
+batches the workers are handed are larger (those already prefetched come at the old size): the
+workers, and what each has copied of the dataset, stay. When it shrinks, or the workers or
 prefetch change, the DataLoader is rebuilt at the next batch boundary over the samples the epoch
 has not delivered yet, so none is lost or repeated (batches the old workers had prefetched are
 dropped, not delivered). While the plan says ``throttle`` the loader waits before fetching more,
@@ -22,9 +24,10 @@ torch is imported when a MemdLoader is built, never by ``import memd.client``.
 """
 from __future__ import annotations
 
+import collections
 import sys
 import time
-from typing import Any, Iterator, List
+from typing import Any, Deque, Iterator, List
 
 from .heap import trim_heap
 
@@ -33,17 +36,24 @@ THROTTLE_POLL = 0.05  # seconds between looks at the plan while throttled
 
 class _Chunks:
     """The batch sampler the DataLoader is built with: this epoch's remaining indices, cut into
-    batches of ``size`` (re-iterable, so persistent workers serve every epoch)."""
+    batches of ``size`` (re-iterable, so persistent workers serve every epoch). ``size`` may
+    grow between batches; the size of each batch handed out waits in ``sizes`` until the batch
+    arrives (in order, as the DataLoader delivers them)."""
 
     def __init__(self, indices: List[int], size: int, drop_last: bool):
         self.indices, self.size, self.drop_last = indices, size, drop_last
+        self.sizes: Deque[int] = collections.deque()
 
     def __iter__(self):
-        for start in range(0, len(self.indices), self.size):
-            chunk = self.indices[start:start + self.size]
-            if len(chunk) < self.size and self.drop_last:
+        start = 0
+        while start < len(self.indices):
+            size = self.size
+            chunk = self.indices[start:start + size]
+            if len(chunk) < size and self.drop_last:
                 return
+            self.sizes.append(len(chunk))
             yield chunk
+            start += size
 
     def __len__(self) -> int:
         whole, rest = divmod(len(self.indices), self.size)
@@ -86,6 +96,11 @@ class MemdLoader:
         while position < len(order):
             plan = self._next_plan()
             config = (plan.batch_size, plan.num_workers, plan.prefetch_factor if plan.num_workers else None)
+            if self._loader is not None and batches is not None and config[1:] == self._config[1:] \
+                    and config[0] > self._config[0]:
+                # Growth: the next batches handed out are larger; the workers, and what each has
+                # copied of the dataset, stay (a rebuild forks new ones that copy it again).
+                self._chunks.size, self._config = config[0], config
             if self._loader is None or config != self._config or batches is None:
                 if self._loader is not None and config != self._config:
                     self._close()
@@ -126,8 +141,8 @@ class MemdLoader:
             self.builds += 1
         else:
             self._chunks.indices = remaining  # a new epoch through the same workers
-        chunks = iter(self._chunks)
-        return ((len(next(chunks)), batch) for batch in self._loader)
+        self._chunks.sizes.clear()
+        return ((self._chunks.sizes.popleft(), batch) for batch in self._loader)
 
     def _delivered(self, batch: Any, samples: int) -> None:
         self.batches += 1

@@ -6,10 +6,13 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
   gpt    a GPT-style decoder (tied embeddings, causal SDPA attention), vocab 4096, 256 tokens
   cnn    a small CNN (conv, batch norm, ReLU) on 64x64 RGB image tensors
   embed  a recommender: a 6M x 64 embedding table (SparseAdam) pooled over 256 ids a sample
-  workers  the cnn (2 channels) fed by --workers DataLoader workers (persistent, shuffled) from a
-         dataset kept as Python objects: 1,200 records of 8,192 floats (300 MB); reading a record
-         writes its objects' reference counts, so each forked worker grows toward a copy of it
-         (seed 004): within a few epochs of a few batches each
+  workers  the cnn (2 channels) fed by --workers DataLoader workers (persistent) from a dataset
+         kept as Python objects: 1,200 records of 8,192 floats (300 MB); reading a record writes
+         its objects' reference counts, so each forked worker grows toward a copy of it (seed
+         004) within a few batches. An epoch draws 8 passes of the records with replacement
+         (repeated augmentation), so every worker serves batches at any batch size: a worker
+         that never gets one (a loader restarts its round-robin at worker 0 each epoch) copies
+         nothing
   tiny   the gpt layout at a tenth of the cost, for the test suite
 Methods (where the batch size comes from):
   fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it)
@@ -130,6 +133,13 @@ class Recommender(nn.Module):
         return F.binary_cross_entropy_with_logits(self.mlp(self.table(ids).mean(1)).squeeze(1), clicks)
 
 
+PASSES = 8  # passes over the records per epoch (the workers shape)
+
+
+def passes(records) -> torch.utils.data.Sampler:
+    return torch.utils.data.RandomSampler(records, replacement=True, num_samples=PASSES * len(records))
+
+
 class Records(torch.utils.data.Dataset):
     """Images kept as Python lists of floats, normalised in Python when read (a common first
     dataset): every read writes the reference counts of a record's 8,192 float objects."""
@@ -188,7 +198,7 @@ class Shape:
         """The next batch of ``n`` from a DataLoader over the records, rebuilt when ``n``
         changes (as a training loop following a plan rebuilds it)."""
         if self.loader is None or self.loader.batch_size != n:
-            self.loader = torch.utils.data.DataLoader(self.records, batch_size=n, shuffle=True, drop_last=True,
+            self.loader = torch.utils.data.DataLoader(self.records, batch_size=n, sampler=passes(self.records), drop_last=True,
                                                       num_workers=self.workers, persistent_workers=self.workers > 0)
             self.batches = iter(self.loader)
         try:
@@ -288,7 +298,7 @@ def method_loader(shape: Shape, args) -> None:
     if shape.name != "workers":
         raise SystemExit("--method loader reads the workers shape's dataset")
     with client.Session(job=args.job, default_batch=args.default_batch, num_workers=args.workers) as s:
-        loader = MemdLoader(shape.records, s, shuffle=True, drop_last=True)
+        loader = MemdLoader(shape.records, s, sampler=passes(shape.records), drop_last=True)
         i = 0
         while i < args.steps:
             for batch in loader:
@@ -365,7 +375,8 @@ def method_lightning(shape: Shape, args, mode: str) -> None:
 
         def train_dataloader(self):
             return torch.utils.data.DataLoader(shape.dataset(), batch_size=self.batch_size, num_workers=shape.workers,
-                                               persistent_workers=shape.workers > 0, shuffle=shape.name == "workers")
+                                               persistent_workers=shape.workers > 0,
+                                               sampler=passes(shape.records) if shape.name == "workers" else None)
 
     import tempfile
 

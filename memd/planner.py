@@ -208,9 +208,12 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
 
 
 def _settling(session: Session) -> bool:
-    """The job's latest report is its first at the planned batch since a change of batch."""
+    """The planned batch has not run twice yet: the job's latest report is its first there since
+    a change, or is still below it (a loader delivers the batches it prefetched at the old size
+    first), so growth waits for what the planned batch costs."""
     last = session.observations[-1] if session.observations else None
-    return last is not None and last.settling and last.batch == session.state.batch
+    planned = session.state.batch
+    return last is not None and planned is not None and (last.batch < planned or last.settling and last.batch == planned)
 
 
 def prior_from_hints(hints: Dict[str, object]) -> Optional[Prior]:

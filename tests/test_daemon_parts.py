@@ -307,3 +307,28 @@ def test_a_failed_cgroup_read_keeps_the_jobs_last_cgroup(tmp_path):
     daemon.core.jobs = {os.getpid(): again}
     assert daemon._read_job(os.getpid(), snap) is again  # a live process read as nothing: the last reading
     assert daemon.core.sample_errors["procs"] == 1
+
+
+def test_growth_waits_for_the_planned_batch_to_run(tmp_path):
+    """A loader delivers the batches it prefetched at the old size after the plan grew: reports
+    below the planned batch say nothing of what it costs, so the plan does not grow again on
+    them, even when the pool grows; two steps at the planned batch do."""
+    from memd import ops
+
+    core = _core_with_host(tmp_path, 12 * GB)
+    token = ops.hello(core, dict(job="a", pid=1, host="remote", min_batch=1, default_batch=8))["token"]
+    session = core.sessions.get(token)
+
+    def step(batch):
+        ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": GB + batch * GB // 10})
+        core.snapshot = dataclasses.replace(core.snapshot, monotonic=time.monotonic())
+        return ops.plan(core, {"token": token})["plan"]["batch_size"]
+
+    for batch in (8, 8, 8, 16, 16, 32, 32, 64, 64):
+        planned = step(batch)
+    assert 64 < planned < 128  # the pool, not the ramp, decides it now
+    core.snapshot = dataclasses.replace(core.snapshot, system=dataclasses.replace(
+        core.snapshot.system, available_bytes=14 * GB))  # another job left: room to grow
+    assert step(64) == planned and "until a second step there" in session.plan.reason  # prefetched at 64
+    step(planned)
+    assert step(planned) > planned  # it ran twice at the planned batch: growth goes on

@@ -303,14 +303,18 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
                                                                     settled_step=r.settled_at()) for r in runs]}
     loader = next((r for r in runs if r.method == "loader" and r.completed and r.workers), None)
     if loader is not None:
-        # "The most workers that fit": one more than the loader chose, at its batch, must not run.
+        # "The most workers that fit": one more than the loader chose, at its batch, must not run
+        # (as long as the loader ran: workers grow with the batches they serve). And the batch
+        # against the largest that runs beside the workers it chose.
         batch, chose = loader.batches[-1], loader.workers[-1]
-        more = run_job(replace(row, workers=chose + 1), "fixed", probe_steps, None,
-                       ["--method", "fixed", "--batch", str(batch)])
+        more = run_job(replace(row, workers=chose + 1), "fixed", steps, None,
+                       ["--method", "fixed", "--batch", str(batch), "--steady-heap"])
+        beside = feasible(replace(row, workers=chose), probe_steps, log, steady=True, guess=batch)
         result["workers_check"] = {"batch": batch, "loader_workers": chose, "one_more": chose + 1,
-                                   "one_more_runs": more.completed, "one_more_killed": more.killed}
-        log("  %d workers at batch %d (the loader chose %d): %s" % (chose + 1, batch, chose,
-                                                                    "runs" if more.completed else "killed"))
+                                   "one_more_runs": more.completed, "one_more_killed": more.killed,
+                                   "feasible_beside_chosen": beside}
+        log("  %d workers at batch %d (the loader chose %d): %s; the largest batch beside %d: %d" % (
+            chose + 1, batch, chose, "runs" if more.completed else "killed", chose, beside["batch"]))
     return result
 
 
@@ -337,8 +341,13 @@ def table(results: List[Dict]) -> str:
                          "1" if r["killed"] else "0", "-", "-"]
             else:
                 workers = r.get("workers") or []
-                cells = [str(final) + (" (%d worker%s)" % (workers[-1], "" if workers[-1] == 1 else "s") if workers else ""), "%.1f %%" % (100.0 * final / best), str(r["oom_errors"]), "0",
-                         str(at + 1), "%.0f" % r["seconds"][at]]
+                share = "%.1f %%" % (100.0 * final / best)
+                beside = (res.get("workers_check") or {}).get("feasible_beside_chosen") if workers else None
+                if beside and beside.get("batch"):  # judged beside the workers it chose, too
+                    share += " (%.1f %% of the %d that fit beside %d)" % (
+                        100.0 * final / beside["batch"], beside["batch"], workers[-1])
+                cells = [str(final) + (" (%d worker%s)" % (workers[-1], "" if workers[-1] == 1 else "s") if workers else ""),
+                         share, str(r["oom_errors"]), "0", str(at + 1), "%.0f" % r["seconds"][at]]
             lines.append("| %s | %.2f GiB | %s | %s | %s |" % (row["name"], row["limit_bytes"] / GiB, _feasible_cell(res),
                                                                r["method"], " | ".join(cells)))
     return "\n".join(lines) + "\n"

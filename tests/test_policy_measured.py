@@ -234,13 +234,16 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
                       workers=facts, latest_batch=256).plan
 
     # budget 600 + 1000 - 20 - 365 = 1215 MiB; with no worker 1215 + 365 + 448 = 2028 MiB, where
-    # 630 + 1.4 b allows 998; one worker at 622 leaves 1406 MiB (554 >= 998 / 2), two 784 (110)
+    # 630 + 1.4 b allows 998; one worker at 622 leaves 1406 MiB (554 >= 998 / 2), two 784 (110).
+    # The batch goes beside the two that still live until the loader lets one go.
     first = plan(facts)
-    assert first.batch_size == 256 and first.num_workers == 1 and "1 of the 4 workers asked for, at 0.61 GiB each, beside the batch" in first.reason, first.reason
+    assert first.batch_size == 110 and first.num_workers == 1 and "1 of the 4 workers asked for, at 0.61 GiB each, beside the batch" in first.reason, first.reason
     grown = read(10.0, [(8, 400), (9, 400)])  # at 70 MiB/s each (the last reads), 2 x 222 MiB more ahead
     assert grown.growth == 2 * (622 - 400) * MiB and plan(grown).batch_size < 256
     rebuilt = read(12.0, [(10, 12), (11, 12)])  # fresh forks: counted at what workers reached this run
     assert rebuilt.cost == 622 * MiB and rebuilt.growth == 0 and plan(rebuilt).num_workers == 1
+    one = read(14.0, [(10, 40)])  # the loader kept the one it was told to: the batch has its room back
+    assert plan(one).num_workers == 1 and plan(one).batch_size == 256
 
 
 def test_a_batch_kept_by_its_own_steps_says_so():

@@ -308,7 +308,12 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     # A bisection, not a count down: the hint is the client's number, and 10**12 froze the daemon.
     kept = wanted if curve.max_batch(left(wanted)) >= half else \
         largest(lambda k: k < wanted and curve.max_batch(left(k)) >= half)
-    return (min(budget, left(kept)), kept) if kept else (budget, 0)
+    # The batch goes beside the workers that live, if more than those kept: a loop with its own
+    # DataLoader keeps the workers it built whatever the plan says (the benchmark's job that kept
+    # its 4 was planned a batch beside 1 and killed), and a loader being rebuilt has not let
+    # the old ones go yet.
+    beside = max(kept, len(facts.uss))
+    return (min(budget, left(beside)), kept) if beside else (budget, 0)
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],

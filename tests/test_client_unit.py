@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -39,6 +40,49 @@ def test_split_batch_keeps_the_effective_batch(limit, target, min_batch, expecte
 def test_split_batch_says_when_it_cannot_keep_the_target():
     batch, steps, note = split_batch(5, 7, min_batch=2)  # no divisor of 7 between 2 and 5
     assert batch == 5 and steps == 1 and "effective batch is 5" in note
+
+
+def _split_batch_before(limit, target, min_batch=1):
+    """split_batch as it was before its search was bounded: every divisor listed, the largest kept."""
+    limit = max(limit, min_batch, 1)
+    if not target or target < min_batch or limit >= target:
+        return split_batch(limit, target, min_batch)
+    small = [d for d in range(1, int(target ** 0.5) + 1) if target % d == 0]
+    fitting = [d for d in small + [target // d for d in small] if min_batch <= d <= limit]
+    return (max(fitting), target // max(fitting)) if fitting else None
+
+
+def test_split_batch_answers_as_before_for_every_small_target():
+    for target in range(1, 250):
+        for limit in range(0, target + 2):
+            for min_batch in (1, 2, 3, 5, 16):
+                before = _split_batch_before(limit, target, min_batch)
+                batch, steps, note = split_batch(limit, target, min_batch)
+                if before is None:
+                    assert "no divisor of target %d fits" % target in note
+                else:
+                    assert (batch, steps) == before[:2], (limit, target, min_batch)
+
+
+@pytest.mark.parametrize("limit, target, expected", [
+    (1000, 2 ** 62, (512, 2 ** 53)),  # listing its divisors took 2 x 10^9 steps (measured 62 s)
+    (2 ** 40, 2 ** 62, (2 ** 40, 2 ** 22)),
+    (46_000, 2 ** 31 - 1, (1, 2 ** 31 - 1)),  # a prime at the protocol's limit: searched completely
+    (10, (2 ** 61 - 1) * 3, (3, 2 ** 61 - 1)),
+])
+def test_split_batch_is_cheap_for_any_target(limit, target, expected):
+    started = time.perf_counter()
+    batch, steps, note = split_batch(limit, target)
+    assert time.perf_counter() - started < 0.5
+    assert (batch, steps, note) == expected + ("",)
+
+
+def test_split_batch_says_when_a_huge_target_was_not_searched_to_the_end():
+    prime = 2 ** 61 - 1  # its only divisors are 1 and itself; proving that takes 10^9 tries
+    started = time.perf_counter()
+    batch, steps, note = split_batch(2 ** 40, prime, min_batch=2)
+    assert time.perf_counter() - started < 0.5
+    assert batch == 2 ** 40 and steps == round(prime / 2 ** 40) and "found in" in note and "effective batch is" in note
 
 
 def test_fallback_plan_prefers_the_callers_defaults():

@@ -1,5 +1,7 @@
 """Hostile and malformed traffic against the real daemon: every message gets an error reply
 (when it can be routed), nothing changes, and the daemon keeps answering ping."""
+import time
+
 import msgpack
 import pytest
 import zmq
@@ -150,3 +152,45 @@ def test_session_of_a_vanished_process_expires(memd):
     while time.monotonic() < deadline and any(s["job"] == "short-lived" for s in memd.call("status")["sessions"]):
         time.sleep(0.05)
     assert not any(s["job"] == "short-lived" for s in memd.call("status")["sessions"])
+
+
+HUGE = 2 ** 62  # accepted before fields had ranges: a hello with this target (and max_batch 64) took minutes
+
+
+@pytest.mark.parametrize("fields, name", [
+    ({"target_effective_batch": HUGE, "max_batch": 64}, "target_effective_batch"),
+    ({"max_batch": HUGE}, "max_batch"),
+    ({"default_batch": HUGE}, "default_batch"),
+    ({"min_batch": HUGE, "target_effective_batch": HUGE}, "min_batch"),
+    ({"pid": 2 ** 40}, "pid"),
+    ({"rank": 2 ** 40}, "rank"),
+    ({"rank": 4, "world_size": 4}, "rank"),
+    ({"world_size": 2 ** 40}, "world_size"),
+    ({"local_world_size": 0}, "local_world_size"),
+    ({"cpus": float("nan")}, "cpus"),
+    ({"cpus": float("inf")}, "cpus"),
+])
+def test_out_of_range_hello_fields_are_refused_at_once(raw, fields, name):
+    hello = dict({"job": "j", "pid": 1, "host": "elsewhere"}, **fields)
+    started = time.monotonic()
+    reply = raw(request("hello", **hello), timeout=2.0)  # the daemon used to stall here for minutes
+    assert time.monotonic() - started < 2.0
+    assert reply["error"]["code"] == protocol.INVALID and reply["error"]["message"].startswith(name), reply
+    assert_alive(raw)
+
+
+def test_out_of_range_report_fields_are_refused(raw):
+    token = raw(request("hello", job="ranges", pid=1, host="elsewhere", target_effective_batch=2 ** 31 - 1))["result"]["token"]
+    for fields, name in (({"batch_size": HUGE}, "batch_size"), ({"batch_size": 8, "peak_bytes": HUGE}, "peak_bytes"),
+                         ({"batch_size": 8, "batch_bytes": 2 ** 51}, "batch_bytes"), ({"batch_size": 8, "step": HUGE}, "step"),
+                         ({"batch_size": 8, "step_seconds": float("nan")}, "step_seconds"),
+                         ({"batch_size": 8, "step_seconds": float("inf")}, "step_seconds"),
+                         ({"batch_size": 8, "peak_bytes": float("nan")}, "peak_bytes")):
+        reply = raw(request("report", token=token, **fields))
+        assert reply["error"]["code"] == protocol.INVALID and reply["error"]["message"].startswith(name), reply
+    reply = raw(request("oom", token=token, batch_size=HUGE))
+    assert reply["error"]["code"] == protocol.INVALID and reply["error"]["message"].startswith("batch_size")
+    # The largest target accepted is still planned at once (a prime: only 1 and itself divide it).
+    started = time.monotonic()
+    plan = raw(request("report", token=token, batch_size=1, peak_bytes=10 ** 9))["result"]["plan"]
+    assert time.monotonic() - started < 2.0 and plan["batch_size"] * plan["grad_accum_steps"] == 2 ** 31 - 1

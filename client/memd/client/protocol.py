@@ -21,6 +21,26 @@ MAX_MESSAGE_BYTES = 64 * 1024
 
 OPS = ("hello", "plan", "report", "oom", "bye", "status", "ping")
 
+MAX_BATCH = 2 ** 31 - 1  # samples in a batch or an effective batch: torch's int32 indices
+MAX_BYTES = 2 ** 50  # 1 PiB: more memory than any one machine has
+MAX_RANKS = 2 ** 20  # processes of one distributed job
+
+#: The inclusive range of every numeric request field (docs/protocol.md, "Field ranges"): far
+#: beyond any real job, and small enough that nothing either end computes from them costs much
+#: (a target of 2**62 once kept the daemon busy for minutes). A daemon refuses a value outside
+#: with ``invalid`` naming the field; floats must be finite.
+FIELD_RANGES = {
+    "pid": (1, 2 ** 32 - 1),  # a pid_t, or a Windows process id
+    "min_batch": (1, MAX_BATCH), "max_batch": (1, MAX_BATCH), "default_batch": (1, MAX_BATCH),
+    "target_effective_batch": (1, MAX_BATCH), "batch_size": (1, MAX_BATCH),
+    "rank": (0, MAX_RANKS - 1), "local_rank": (0, MAX_RANKS - 1),
+    "world_size": (1, MAX_RANKS), "local_world_size": (1, MAX_RANKS),
+    "cpus": (0, 65536),  # a number; 0 means unknown
+    "peak_bytes": (0, MAX_BYTES), "base_bytes": (0, MAX_BYTES), "batch_bytes": (0, MAX_BYTES),
+    "step": (0, 2 ** 53),  # exact as a float
+    "step_seconds": (0, 10 ** 9),  # a number
+}
+
 # Error codes (docs/protocol.md has a sentence on each).
 BAD_REQUEST = "bad_request"  # not a msgpack map, or framing we cannot read
 TOO_LARGE = "too_large"

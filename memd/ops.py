@@ -7,7 +7,9 @@ server adds the envelope (v, id, ok) and maps exceptions to error codes (docs/pr
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import structlog
 
 from memd.client import protocol
 from memd.core import VERSION, Core
@@ -20,6 +22,8 @@ from memd.sampling.snapshot import as_json
 from memd.sessions import Session
 
 Result = Dict[str, Any]
+
+log = structlog.get_logger("memd.ops")
 
 
 class Invalid(ValueError):
@@ -37,7 +41,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     default_batch, target_effective_batch (int >= 1), rank, local_rank (int >= 0), world_size,
     local_world_size (int >= 1), cpus (number: CPUs the client may run on), device (str, e.g.
     "cuda:0"), device_uuid (str), cuda_visible_devices (str), hints (map of scalars:
-    num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...).
+    num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...; a number outside its
+    protocol.HINT_RANGES range is ignored).
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
     """
@@ -55,6 +60,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     if not isinstance(hints, dict) or len(hints) > 64 or not all(
             isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str))) for k, v in hints.items()):
         raise Invalid("hints must be a map of at most 64 scalars")
+    hints, ignored = _bounded_hints(hints)
     limits = Limits(limits.min_batch, limits.max_batch, limits.default_batch, limits.target,
                     num_workers=_hint_count(hints, "num_workers"), prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
     pid = _int(req, "pid", required=True)
@@ -74,6 +80,10 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
         local_world_size=_int(req, "local_world_size"),
     )
+    held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
+    if held is not None:
+        log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,
+                    held_back=held)
     core.epoch += 1
     pool = pool_for(session, snapshot, None, core.config.policy)
     memory = core.store.recall(session.job, pool_key(pool, snapshot))
@@ -290,6 +300,20 @@ def _str(req: Dict[str, Any], name: str, required: bool = False, limit: int = 25
     if not isinstance(value, str) or len(value) > limit:
         raise Invalid("%s must be a string of at most %d characters" % (name, limit))
     return value
+
+
+def _bounded_hints(hints: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """The hints within protocol.HINT_RANGES, and why each other one was dropped: estimators
+    cost in proportion to a model's size, so a hint beyond any real model is ignored, not used
+    (the job is planned as if it had not given it; an error would leave it with no plan)."""
+    kept, ignored = {}, []
+    for name, value in hints.items():
+        problem = protocol.hint_problem(name, value)
+        if problem is None:
+            kept[name] = value
+        else:
+            ignored.append(problem)
+    return kept, ignored
 
 
 def _hint_count(hints: Dict[str, Any], name: str, low: int = 0) -> Optional[int]:

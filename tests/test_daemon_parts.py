@@ -307,3 +307,54 @@ def test_a_failed_cgroup_read_keeps_the_jobs_last_cgroup(tmp_path):
     daemon.core.jobs = {os.getpid(): again}
     assert daemon._read_job(os.getpid(), snap) is again  # a live process read as nothing: the last reading
     assert daemon.core.sample_errors["procs"] == 1
+
+
+# -- bounded work and logs -----------------------------------------------------------------------
+
+
+def within(seconds, fn, *args):
+    """fn(*args), or a failed test after ``seconds`` (the call goes on in a thread, unwaited)."""
+    import threading
+
+    out = {}
+    thread = threading.Thread(target=lambda: out.setdefault("value", fn(*args)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "still running after %.1f s" % seconds
+    return out["value"]
+
+
+def test_a_hint_beyond_any_model_is_ignored_at_once_and_logged_once(tmp_path):
+    """layers 10**7 cost 15 s and 1.2 GB of the daemon before hints had ranges (measured)."""
+    from structlog.testing import capture_logs
+
+    from memd import ops
+
+    core = _core_with_host(tmp_path, 32 * GB)
+    hints = {"layers": 10 ** 7, "d_model": 768, "heads": 12, "vocab": 50257, "seq_len": 1024, "num_workers": 10 ** 12,
+             "mine": float("nan"), "fixed_bytes_note": "kept"}
+    with capture_logs() as logs:
+        for job in ("huge", "again", "and again"):
+            token = within(2.0, ops.hello, core, dict(job=job, pid=1, host="remote", hints=hints))["token"]
+    session = core.sessions.get(token)
+    assert session.hints == {"d_model": 768, "heads": 12, "vocab": 50257, "seq_len": 1024, "fixed_bytes_note": "kept"}
+    assert session.prior is None and session.limits.num_workers is None  # planned as if not given
+    ignored = [e for e in logs if e["event"] == "hints out of range ignored"]
+    assert len(ignored) == 1 and ignored[0]["job"] == "huge"  # a repeating peer does not flood the log
+    assert any("layers must be in [1, 4096]" in r for r in ignored[0]["reasons"])
+    assert core.log_throttle.suppressed == 2
+
+
+def test_throttle_lets_one_message_per_key_through_and_counts_the_rest():
+    from memd.logs import Throttle
+
+    now = [0.0]
+    throttle = Throttle(interval=10.0, clock=lambda: now[0], keys=2)
+    assert throttle.allow("a") == 0
+    assert throttle.allow("a") is None and throttle.allow("a") is None
+    assert throttle.allow("b") == 0
+    now[0] = 10.0
+    assert throttle.allow("a") == 2  # the next message says how many were held back
+    assert throttle.allow("a") is None
+    assert throttle.allow("c") == 0 and throttle.allow("b") == 0  # two keys kept: "b" was forgotten for "c"
+    assert throttle.suppressed == 3

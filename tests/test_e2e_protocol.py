@@ -194,3 +194,17 @@ def test_out_of_range_report_fields_are_refused(raw):
     started = time.monotonic()
     plan = raw(request("report", token=token, batch_size=1, peak_bytes=10 ** 9))["result"]["plan"]
     assert time.monotonic() - started < 2.0 and plan["batch_size"] * plan["grad_accum_steps"] == 2 ** 31 - 1
+
+
+def test_hints_beyond_any_model_are_ignored_at_once(raw, memd):
+    """layers 10**7: 15 s and 1.2 GB of the daemon (measured) before hints had ranges."""
+    hints = {"layers": 10 ** 7, "d_model": 768, "heads": 12, "vocab": 50257, "seq_len": 1024, "note": float("inf")}
+    started = time.monotonic()
+    reply = raw(request("hello", job="deep", pid=1, host="elsewhere", hints=hints), timeout=2.0)
+    assert time.monotonic() - started < 2.0
+    assert reply["ok"] is True and "prior" not in reply["result"]["plan"]["reason"]
+    assert_alive(raw)
+    deadline = time.monotonic() + 2
+    while "hints out of range ignored" not in memd.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "hint layers must be in [1, 4096], not 10000000" in memd.log()

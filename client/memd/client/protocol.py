@@ -41,6 +41,32 @@ FIELD_RANGES = {
     "step_seconds": (0, 10 ** 9),  # a number
 }
 
+#: The inclusive range of every numeric hint the daemon reads (docs/protocol.md, "Hints"): a
+#: model description feeds estimators whose work grows with it (10**7 layers once cost the daemon
+#: 15 s and 1.2 GB). A hint outside its range, or any NaN or infinite hint, is dropped: the client
+#: does not send it and a daemon ignores it, and says so once in its log.
+HINT_RANGES = {
+    "num_workers": (0, 1024), "prefetch_factor": (1, 1024),
+    "fixed_bytes": (0, MAX_BYTES), "per_sample_bytes": (1, MAX_BYTES),
+    "layers": (1, 4096), "d_model": (1, 2 ** 17), "heads": (1, 4096), "vocab": (1, 2 ** 24),
+    "seq_len": (1, 2 ** 24), "positions": (1, 2 ** 24),
+    "params": (1, 10 ** 15), "trainable_params": (1, 10 ** 15), "zero_stage": (0, 3), "gpus": (1, MAX_RANKS),
+}
+
+
+def hint_problem(name: str, value: Any) -> Optional[str]:
+    """Why a hint must be dropped (its range, or not finite), or None to keep it. A value of the
+    wrong type is kept: the estimators refuse it themselves, and it costs them nothing."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if name in HINT_RANGES:
+        low, high = HINT_RANGES[name]
+        if not low <= value <= high:
+            return "hint %s must be in [%d, %d], not %r" % (name, low, high, value)
+    elif value != value or value in (float("inf"), float("-inf")):
+        return "hint %s must be a finite number, not %r" % (name, value)
+    return None
+
 # Error codes (docs/protocol.md has a sentence on each).
 BAD_REQUEST = "bad_request"  # not a msgpack map, or framing we cannot read
 TOO_LARGE = "too_large"

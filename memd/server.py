@@ -1,7 +1,8 @@
 """The ZeroMQ ROUTER loop: decode -> validate -> handler -> reply.
 
 Only this module (and the client) touches zmq. It adds the reply envelope, maps exceptions to
-error codes in one place, and never blocks: replies are sent without waiting (a peer that does
+error codes in one place (a handler's Invalid is the client's fault, anything else the daemon's:
+``internal``, its traceback logged at most once a minute per op and error), and never blocks: replies are sent without waiting (a peer that does
 not read its replies loses them, it does not stall the daemon). Messages over the protocol cap
 get a ``too_large`` reply; messages over four times the cap are dropped by libzmq itself
 (ZMQ_MAXMSGSIZE), which disconnects the sender, so a hostile peer cannot make memd hold much.
@@ -19,6 +20,8 @@ import zmq
 
 from memd.client import protocol
 from memd.config import ConfigError
+from memd.logs import Throttle
+from memd.ops import Invalid
 from memd.sessions import TooManySessions, UnknownSession
 
 log = structlog.get_logger("memd.server")
@@ -31,8 +34,10 @@ _NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN) 
 
 class Server:
     def __init__(self, endpoint: str, dispatch: Dict[str, Handler], observe: Optional[Observer] = None,
-                 curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660):
+                 curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660,
+                 throttle: Optional[Throttle] = None):
         self.endpoint = endpoint
+        self.throttle = throttle or Throttle(interval=60.0)  # one traceback a minute per op and error
         self.dispatch = dispatch
         self.observe = observe or (lambda op, outcome, seconds: None)
         self.curve_secret_key = curve_secret_key
@@ -143,8 +148,10 @@ class Server:
                 raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon speaks %d)"
                              % (request.get("v"), protocol.VERSION))
             name = request.get("op")
+            if not isinstance(name, str):
+                raise Invalid("op is required" if name is None else "op must be a string, not %s" % type(name).__name__)
             if name not in self.dispatch:
-                raise _Error(protocol.UNKNOWN_OP, "unknown op %r" % (name if isinstance(name, str) else type(name).__name__))
+                raise _Error(protocol.UNKNOWN_OP, "unknown op %r" % name[:64])
             op = name
             result = self.dispatch[op](request)
             return {"v": protocol.VERSION, "id": request_id, "ok": True, "result": result}, op, "ok"
@@ -154,10 +161,12 @@ class Server:
             code, message = protocol.UNKNOWN_SESSION, exc.args[0]
         except TooManySessions as exc:
             code, message = protocol.TOO_MANY_SESSIONS, str(exc)
-        except ValueError as exc:  # ops.Invalid
+        except Invalid as exc:
             code, message = protocol.INVALID, str(exc)
-        except Exception as exc:  # a bug in a handler must not take the daemon down
-            log.exception("handler failed", op=op)
+        except Exception as exc:  # a bug in a handler (any other ValueError too) must not take the daemon down
+            held = self.throttle.allow((op, type(exc).__name__))
+            if held is not None:  # one message can repeat a bug as fast as a peer sends it
+                log.exception("handler failed", op=op, error=type(exc).__name__, held_back=held)
             code, message = protocol.INTERNAL, "internal error: %s" % type(exc).__name__
         error = {"v": protocol.VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
         return error, op, code

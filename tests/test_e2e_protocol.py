@@ -46,7 +46,9 @@ def assert_alive(exchange):
     (msgpack.packb({"v": 2, "op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
     (msgpack.packb({"op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
     (msgpack.packb({"v": 1, "op": "shutdown", "id": 7}), protocol.UNKNOWN_OP),
-    (msgpack.packb({"v": 1, "op": 5, "id": 7}), protocol.UNKNOWN_OP),
+    (msgpack.packb({"v": 1, "op": 5, "id": 7}), protocol.INVALID),  # op of the wrong type
+    (msgpack.packb({"v": 1, "op": [1], "id": 7}), protocol.INVALID),  # was internal, with a traceback logged each time
+    (msgpack.packb({"v": 1, "id": 7}), protocol.INVALID),  # no op
     (msgpack.packb({"v": 1, "op": "hello", "id": 7}), protocol.INVALID),  # no job, pid, host
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": "1", "host": "h"}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}), protocol.INVALID),
@@ -208,3 +210,11 @@ def test_hints_beyond_any_model_are_ignored_at_once(raw, memd):
     while "hints out of range ignored" not in memd.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "hint layers must be in [1, 4096], not 10000000" in memd.log()
+
+
+def test_a_non_string_op_is_invalid_and_logs_nothing(raw, memd):
+    for _ in range(20):
+        reply = raw(msgpack.packb({"v": 1, "op": [1], "id": 7}))
+        assert reply["error"] == {"code": protocol.INVALID, "message": "op must be a string, not list"}
+    assert_alive(raw)
+    assert "Traceback" not in memd.log() and "handler failed" not in memd.log()

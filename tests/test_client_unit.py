@@ -112,9 +112,56 @@ def test_bad_arguments_are_programming_errors():
         client.Session("j", min_batch=8, target_effective_batch=4, endpoint="ipc:///nonexistent/x.sock")
     with pytest.raises(TypeError):
         client.Session("j", hints=["not", "a", "dict"], endpoint="ipc:///nonexistent/x.sock")
+    with pytest.raises(ValueError, match="target_effective_batch must be at most 2147483647"):
+        client.Session("j", target_effective_batch=2 ** 62, endpoint="ipc:///nonexistent/x.sock")
+
+
+BAD_NUMBERS = [float("nan"), float("inf"), float("-inf"), -1, 2 ** 64, 2 ** 63 + 1, "eight", b"8", None, [8], True]
+
+
+def test_report_never_raises_and_leaves_out_what_the_daemon_would_refuse(caplog):
+    """report(peak_bytes=float("nan")) raised before; a huge int was queued and then poisoned
+    every later send (msgpack cannot carry it)."""
     s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", timeout=0.01)
-    with pytest.raises(TypeError):
-        s.report(batch_size="eight")
+    for bad in BAD_NUMBERS:
+        s.report(8, peak_bytes=bad, step=bad, step_seconds=bad, batch_bytes=bad)
+        s.report(bad, peak_bytes=10 ** 9)  # no usable batch size: the whole report is dropped
+    sent = [fields for op, fields in s._pending]
+    assert sent == [{"batch_size": 8}] * len(BAD_NUMBERS)
+    s.report(8.0, peak_bytes=1.5e9, step=3, step_seconds=0.25, batch_bytes=2 ** 20)  # floats that are numbers: kept
+    assert s._pending[-1][1] == {"batch_size": 8, "peak_bytes": 1_500_000_000, "step": 3, "step_seconds": 0.25,
+                                 "batch_bytes": 2 ** 20}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "memd.client"]
+    assert len(warnings) == len(set(warnings)) <= 5  # at most once per field, however often
+    assert "report(peak_bytes=nan) left out" in warnings[0]
+
+
+def test_report_oom_never_raises_and_still_backs_off():
+    s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", timeout=0.01, default_batch=16)
+    for bad in BAD_NUMBERS:
+        s.report_oom(bad)  # an OOM happened all the same: at the batch the job was told, most likely
+    assert s._ceiling == 12 and s.plan().batch_size == 12
+
+
+def test_hints_the_daemon_would_ignore_are_not_sent(caplog):
+    s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", num_workers=10 ** 12,
+                       hints={"layers": 10 ** 7, "d_model": 768, "mine": float("nan"), "big": 2 ** 70, "note": "x"})
+    assert s.hints == {"d_model": 768, "note": "x"}
+    assert sum("not sent" in r.getMessage() for r in caplog.records) == 4
+
+
+def test_suggest_batch_answers_at_once_whatever_the_target(monkeypatch, tmp_path):
+    """A target of 2**62 kept the client's own fallback busy for a minute (its divisor search)."""
+    import threading
+
+    monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/none.sock" % tmp_path)
+    monkeypatch.setattr(client, "_process_session", None)
+    answers = []
+    thread = threading.Thread(target=lambda: answers.append(
+        client.suggest_batch(default=32, target_effective_batch=2 ** 62, max_batch=64)), daemon=True)
+    thread.start()
+    thread.join(2.0)
+    assert answers == [32]
 
 
 def test_suggest_batch_never_raises(monkeypatch, tmp_path):

@@ -63,8 +63,8 @@ def hint_problem(name: str, value: Any) -> Optional[str]:
         low, high = HINT_RANGES[name]
         if not low <= value <= high:
             return "hint %s must be in [%d, %d], not %r" % (name, low, high, value)
-    elif value != value or value in (float("inf"), float("-inf")):
-        return "hint %s must be a finite number, not %r" % (name, value)
+    elif value != value or not -2 ** 63 <= value < 2 ** 63:  # NaN, an infinity, or beyond msgpack
+        return "hint %s must be a finite number within 2**63, not %r" % (name, value)
     return None
 
 # Error codes (docs/protocol.md has a sentence on each).

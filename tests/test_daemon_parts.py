@@ -358,3 +358,33 @@ def test_throttle_lets_one_message_per_key_through_and_counts_the_rest():
     assert throttle.allow("a") is None
     assert throttle.allow("c") == 0 and throttle.allow("b") == 0  # two keys kept: "b" was forgotten for "c"
     assert throttle.suppressed == 3
+
+
+def test_stale_state_temp_files_are_removed_at_start(start_memd, tmp_path):
+    """A kill -9 between a flush's mkstemp and its rename leaves a .curves.* file that nothing
+    removed, ever. At start the daemon removes its own kind only, and only from before it started."""
+    state = tmp_path / "state"
+    state.mkdir()
+    old = time.time() - 60
+    stale = [state / ".curves.k9x_2ab7", state / ".curves.00000000"]
+    for path in stale:
+        path.write_text('{"version": 1, "jo')  # a write cut short
+        os.utime(path, (old, old))
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("not memd's")
+    (state / ".curves.linkto00").symlink_to(outside)  # named like one, but not a file memd wrote
+    os.utime(state / ".curves.linkto00", (old, old), follow_symlinks=False)
+    kept = {".curves.future00": "written after the start", ".curves.short": "x", ".curves.UPPERCAS": "x", "curves.json.corrupt": "x",
+            ".curves.": "x", "notes.curves.abcdefgh": "x"}
+    for name, text in kept.items():
+        (state / name).write_text(text)
+        if name != ".curves.future00":
+            os.utime(state / name, (old, old))
+    future = time.time() + 3600
+    os.utime(state / ".curves.future00", (future, future))
+    memd = start_memd()
+    assert not any(path.exists() for path in stale)
+    assert all((state / name).exists() for name in kept)
+    assert (state / ".curves.linkto00").is_symlink() and outside.read_text() == "not memd's"
+    assert memd.call("ping")["pong"] is True
+    assert '"count": 2' in memd.log() or "count=2" in memd.log()

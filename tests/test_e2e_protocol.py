@@ -218,3 +218,30 @@ def test_a_non_string_op_is_invalid_and_logs_nothing(raw, memd):
         assert reply["error"] == {"code": protocol.INVALID, "message": "op must be a string, not list"}
     assert_alive(raw)
     assert "Traceback" not in memd.log() and "handler failed" not in memd.log()
+
+
+def test_a_message_of_many_frames_is_dropped_not_echoed_nor_kept(memd):
+    """ZMQ_MAXMSGSIZE caps a frame, not a message: 400 frames of 200 KiB were copied whole and
+    echoed back (80 MB each way; the daemon peaked at 255 MiB and kept 64 MiB). Frames beyond
+    the protocol's are dropped uncopied, the sender is told so in one frame, its heap is trimmed."""
+    import psutil
+
+    daemon = psutil.Process(memd.proc.pid)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(memd.endpoint)
+    before = daemon.memory_info().rss
+    junk = [b"\x00" * (64 * 1024)] * 49
+    for _ in range(4):
+        sock.send_multipart(junk + [request("ping")])
+        assert sock.poll(2000, zmq.POLLIN)
+        reply = sock.recv_multipart()
+        assert len(reply) == 1  # the error alone, none of the 3 MiB sent
+        error = msgpack.unpackb(reply[0], raw=False)["error"]
+        assert error["code"] == protocol.BAD_REQUEST and "got 50 frames" in error["message"]
+    sock.send(request("ping"))
+    assert sock.poll(2000, zmq.POLLIN) and msgpack.unpackb(sock.recv(), raw=False)["result"]["pong"] is True
+    assert daemon.memory_info().rss - before < 8 * 2 ** 20
+    sock.close(0)
+    ctx.term()

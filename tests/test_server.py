@@ -53,3 +53,17 @@ def test_an_internal_error_is_logged_once_a_minute_per_op_and_error(server):
         reply(server, "ping")
     assert [(e["op"], e["held_back"]) for e in logs] == [("ping", 49)]  # and how many it stood for
     assert server.throttle.suppressed == 98
+
+
+def test_each_peer_may_queue_a_bounded_number_of_messages(tmp_path):
+    import zmq
+
+    from memd.server import RCVHWM
+
+    srv = Server("ipc://%s/s.sock" % tmp_path, {})
+    srv.bind()
+    try:
+        assert srv.sock.getsockopt(zmq.RCVHWM) == RCVHWM == 64  # was 1000: 8 peers parked 1.9 GB in a stall
+        assert srv.sock.getsockopt(zmq.MAXMSGSIZE) == 4 * protocol.MAX_MESSAGE_BYTES
+    finally:
+        srv.close()

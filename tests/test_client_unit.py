@@ -114,6 +114,9 @@ def test_bad_arguments_are_programming_errors():
         client.Session("j", hints=["not", "a", "dict"], endpoint="ipc:///nonexistent/x.sock")
     with pytest.raises(ValueError, match="target_effective_batch must be at most 2147483647"):
         client.Session("j", target_effective_batch=2 ** 62, endpoint="ipc:///nonexistent/x.sock")
+    for bad in (float("nan"), float("inf")):  # a ValueError like any other bad count, not an OverflowError
+        with pytest.raises(ValueError, match="max_batch must be a finite count"):
+            client.Session("j", max_batch=bad, endpoint="ipc:///nonexistent/x.sock")
 
 
 BAD_NUMBERS = [float("nan"), float("inf"), float("-inf"), -1, 2 ** 64, 2 ** 63 + 1, "eight", b"8", None, [8], True]

@@ -497,6 +497,8 @@ def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = Fal
         number = operator.index(value) if not isinstance(value, float) else int(value)
     except TypeError:
         raise TypeError("%s must be an integer, not %r" % (name, value)) from None
+    except (ValueError, OverflowError):  # a NaN or an infinity
+        raise ValueError("%s must be a finite count, not %r" % (name, value)) from None
     if isinstance(value, bool) or number < (0 if allow_zero else 1):
         raise ValueError("%s must be %s, not %r" % (name, "a count >= 0" if allow_zero else "a count >= 1", value))
     return number

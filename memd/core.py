@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Counter, Dict, Optional, Tuple
 
 from memd.config import Config
+from memd.logs import Throttle
 from memd.policy.pressure import PressureState
 from memd.sampling.snapshot import JobMemory, Snapshot
 from memd.sessions import Sessions
@@ -40,6 +41,7 @@ class Core:
     sessions_expired: int = 0
     epoch: int = 0  # bumped by the server thread whenever a session changes (see ops._decide)
     ooms_reported: int = 0
+    log_throttle: Throttle = field(default_factory=Throttle)  # what a client's request may make the daemon log
 
     def uptime(self) -> float:
         return time.time() - self.started

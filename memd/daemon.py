@@ -57,6 +57,7 @@ class Daemon:
 
     def start(self) -> None:
         """Sample once, bind, serve metrics, start the sampler; ConfigError if anything is taken."""
+        self.store.remove_stale_temps(before=time.time())
         self.store.load()
         self._sample_once(jobs=False)
         self.server.bind()

@@ -7,7 +7,9 @@ server adds the envelope (v, id, ok) and maps exceptions to error codes (docs/pr
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import structlog
 
 from memd.client import protocol
 from memd.core import VERSION, Core
@@ -20,6 +22,8 @@ from memd.sampling.snapshot import as_json
 from memd.sessions import Session
 
 Result = Dict[str, Any]
+
+log = structlog.get_logger("memd.ops")
 
 
 class Invalid(ValueError):
@@ -34,17 +38,19 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     """Register a job.
 
     Request: job (str), pid (int), host (str), min_batch (int >= 1); optional max_batch,
-    default_batch, target_effective_batch (int >= 1), rank, local_rank, world_size,
-    local_world_size (int >= 0), cpus (number: CPUs the client may run on), device (str, e.g.
+    default_batch, target_effective_batch (int >= 1), rank, local_rank (int >= 0), world_size,
+    local_world_size (int >= 1), cpus (number: CPUs the client may run on), device (str, e.g.
     "cuda:0"), device_uuid (str), cuda_visible_devices (str), hints (map of scalars:
-    num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...).
+    num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...; a number outside its
+    protocol.HINT_RANGES range is ignored).
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
+    Every number within its protocol.FIELD_RANGES range.
     """
     limits = Limits(
-        min_batch=_int(req, "min_batch", default=1, low=1),
-        max_batch=_int(req, "max_batch", low=1),
-        default_batch=_int(req, "default_batch", low=1),
-        target=_int(req, "target_effective_batch", low=1),
+        min_batch=_int(req, "min_batch", default=1),
+        max_batch=_int(req, "max_batch"),
+        default_batch=_int(req, "default_batch"),
+        target=_int(req, "target_effective_batch"),
     )
     if limits.max_batch is not None and limits.max_batch < limits.min_batch:
         raise Invalid("max_batch %d is below min_batch %d" % (limits.max_batch, limits.min_batch))
@@ -54,21 +60,30 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     if not isinstance(hints, dict) or len(hints) > 64 or not all(
             isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str))) for k, v in hints.items()):
         raise Invalid("hints must be a map of at most 64 scalars")
+    hints, ignored = _bounded_hints(hints)
     limits = Limits(limits.min_batch, limits.max_batch, limits.default_batch, limits.target,
                     num_workers=_hint_count(hints, "num_workers"), prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
-    pid = _int(req, "pid", required=True, low=1)
+    pid = _int(req, "pid", required=True)
+    rank, world_size = _int(req, "rank"), _int(req, "world_size")
+    if rank is not None and world_size is not None and rank >= world_size:
+        raise Invalid("rank %d is not below world_size %d" % (rank, world_size))
+    _int(req, "local_rank")
     host = _str(req, "host", required=True, limit=255)
     local = host == core.host and os.path.exists(os.path.join(core.proc_root, str(pid)))
     snapshot = _snapshot(core)
     session = core.sessions.open(
         job=_str(req, "job", required=True, limit=128), pid=pid, host=host, local=local,
         start_time=procs.process_start_time(pid, core.proc_root) if local else None, limits=limits,
-        rank=_int(req, "rank", low=0), world_size=_int(req, "world_size", low=1),
+        rank=rank, world_size=world_size,
         device=_str(req, "device", limit=64), device_uuid=_str(req, "device_uuid", limit=96),
         visible_devices=_str(req, "cuda_visible_devices", limit=256), hints=dict(hints),
         prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
-        local_world_size=_int(req, "local_world_size", low=1),
+        local_world_size=_int(req, "local_world_size"),
     )
+    held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
+    if held is not None:
+        log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,
+                    held_back=held)
     core.epoch += 1
     pool = pool_for(session, snapshot, None, core.config.policy)
     memory = core.store.recall(session.job, pool_key(pool, snapshot))
@@ -100,11 +115,11 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     Reply: plan.
     """
     session = core.sessions.get(req.get("token"))
-    batch = _int(req, "batch_size", required=True, low=1)
-    peak = _int(req, "peak_bytes", low=0)
-    base = _int(req, "base_bytes", low=0)
-    batch_bytes = _int(req, "batch_bytes", low=0)
-    _int(req, "step", low=0)
+    batch = _int(req, "batch_size", required=True)
+    peak = _int(req, "peak_bytes")
+    base = _int(req, "base_bytes")
+    batch_bytes = _int(req, "batch_bytes")
+    _int(req, "step")
     _number(req, "step_seconds")
     if batch_bytes is not None:
         session.batch_bytes = batch_bytes
@@ -130,7 +145,7 @@ def oom(core: Core, req: Dict[str, Any]) -> Result:
     Request: token, batch_size (int >= 1). Reply: plan (at most 75 % of batch_size).
     """
     session = core.sessions.get(req.get("token"))
-    batch = _int(req, "batch_size", required=True, low=1)
+    batch = _int(req, "batch_size", required=True)
     session.ooms += 1
     session.note_oom(core.clock())
     core.ooms_reported += 1
@@ -247,8 +262,9 @@ def _session_view(s: Session) -> Result:
     }
 
 
-def _int(req: Dict[str, Any], name: str, required: bool = False, default: Optional[int] = None,
-         low: Optional[int] = None) -> Optional[int]:
+def _int(req: Dict[str, Any], name: str, required: bool = False, default: Optional[int] = None) -> Optional[int]:
+    """An integer field within its protocol.FIELD_RANGES range (every field has one: no number a
+    client sends may drive a loop or an allocation unbounded)."""
     value = req.get(name)
     if value is None:
         if required:
@@ -256,19 +272,22 @@ def _int(req: Dict[str, Any], name: str, required: bool = False, default: Option
         return default
     if not isinstance(value, int) or isinstance(value, bool):
         raise Invalid("%s must be an integer, not %s" % (name, type(value).__name__))
-    if low is not None and value < low:
-        raise Invalid("%s must be >= %d, got %d" % (name, low, value))
-    if value > 2 ** 62:
-        raise Invalid("%s is too large" % name)
+    low, high = protocol.FIELD_RANGES[name]
+    if not low <= value <= high:
+        raise Invalid("%s must be an integer in [%d, %d], got %d" % (name, low, high, value))
     return value
 
 
 def _number(req: Dict[str, Any], name: str) -> Optional[float]:
+    """A number field within its protocol.FIELD_RANGES range; NaN and infinities are refused."""
     value = req.get(name)
     if value is None:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e9:
-        raise Invalid("%s must be a number >= 0" % name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise Invalid("%s must be a number, not %s" % (name, type(value).__name__))
+    low, high = protocol.FIELD_RANGES[name]
+    if not low <= value <= high:
+        raise Invalid("%s must be a finite number in [%g, %g], got %r" % (name, low, high, value))
     return float(value)
 
 
@@ -281,6 +300,20 @@ def _str(req: Dict[str, Any], name: str, required: bool = False, limit: int = 25
     if not isinstance(value, str) or len(value) > limit:
         raise Invalid("%s must be a string of at most %d characters" % (name, limit))
     return value
+
+
+def _bounded_hints(hints: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """The hints within protocol.HINT_RANGES, and why each other one was dropped: estimators
+    cost in proportion to a model's size, so a hint beyond any real model is ignored, not used
+    (the job is planned as if it had not given it; an error would leave it with no plan)."""
+    kept, ignored = {}, []
+    for name, value in hints.items():
+        problem = protocol.hint_problem(name, value)
+        if problem is None:
+            kept[name] = value
+        else:
+            ignored.append(problem)
+    return kept, ignored
 
 
 def _hint_count(hints: Dict[str, Any], name: str, low: int = 0) -> Optional[int]:

@@ -1,10 +1,14 @@
 """The ZeroMQ ROUTER loop: decode -> validate -> handler -> reply.
 
 Only this module (and the client) touches zmq. It adds the reply envelope, maps exceptions to
-error codes in one place, and never blocks: replies are sent without waiting (a peer that does
-not read its replies loses them, it does not stall the daemon). Messages over the protocol cap
-get a ``too_large`` reply; messages over four times the cap are dropped by libzmq itself
-(ZMQ_MAXMSGSIZE), which disconnects the sender, so a hostile peer cannot make memd hold much.
+error codes in one place (a handler's Invalid is the client's fault, anything else the daemon's:
+``internal``, its traceback logged at most once a minute per op and error), and never blocks:
+replies are sent without waiting (a peer that does not read its replies loses them, it does not
+stall the daemon). Messages over the protocol cap get a ``too_large`` reply; messages over four
+times the cap are dropped by libzmq itself (ZMQ_MAXMSGSIZE), which disconnects the sender.
+ZMQ_MAXMSGSIZE caps a frame, not a message, so frames beyond the protocol's (MAX_FRAMES) are
+received without a copy and dropped, never echoed, and each peer's queue holds at most RCVHWM
+messages (docs/protocol.md, "Envelope").
 """
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ import structlog
 import zmq
 
 from memd.client import protocol
+from memd.client.heap import trim_heap
 from memd.config import ConfigError
+from memd.logs import Throttle
+from memd.ops import Invalid
 from memd.sessions import TooManySessions, UnknownSession
 
 log = structlog.get_logger("memd.server")
@@ -26,13 +33,20 @@ log = structlog.get_logger("memd.server")
 Handler = Callable[[Dict[str, Any]], Dict[str, Any]]
 Observer = Callable[[str, str, float], None]
 BATCH = 256  # messages handled per poll before returning to the daemon's housekeeping
-_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)  # enums cost a conversion per call
+MAX_FRAMES = 3  # the peer's identity, a REQ socket's empty delimiter, the body
+# Messages queued per peer while the daemon is busy: a client has a plan and at most 16 reports
+# in flight; 1000 let 8 peers park 1.9 GB in a stall.
+RCVHWM = 64
+TRIM_AFTER = 1 << 20  # bytes of dropped frames after which the C heap is trimmed (at most once a second)
+_NOBLOCK, _EVENTS, _POLLIN, _RCVMORE = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 
 
 class Server:
     def __init__(self, endpoint: str, dispatch: Dict[str, Handler], observe: Optional[Observer] = None,
-                 curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660):
+                 curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660,
+                 throttle: Optional[Throttle] = None):
         self.endpoint = endpoint
+        self.throttle = throttle or Throttle(interval=60.0)  # one traceback a minute per op and error
         self.dispatch = dispatch
         self.observe = observe or (lambda op, outcome, seconds: None)
         self.curve_secret_key = curve_secret_key
@@ -40,6 +54,8 @@ class Server:
         self.context = zmq.Context(io_threads=1)
         self.sock: Optional[zmq.Socket] = None
         self._ipc_path: Optional[str] = None
+        self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
+        self._trim_at = 0.0  # monotonic time before which it is not trimmed again
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
@@ -47,7 +63,7 @@ class Server:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES * 4)
         sock.setsockopt(zmq.SNDHWM, 1000)
-        sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.setsockopt(zmq.RCVHWM, RCVHWM)
         if self.curve_secret_key is not None:
             sock.curve_secretkey = self.curve_secret_key
             sock.curve_publickey = zmq.curve_public(self.curve_secret_key)
@@ -92,6 +108,8 @@ class Server:
     def poll(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for requests and handle what arrived; returns how many."""
         assert self.sock is not None
+        if self._dropped_bytes >= TRIM_AFTER:
+            self._trim()
         if not self._poller.poll(timeout * 1000):
             return 0
         handled = 0
@@ -99,33 +117,60 @@ class Server:
         # exception per poll, zmq.Again, would cost more than a request).
         while handled < BATCH:
             try:
-                frames = self.sock.recv_multipart(_NOBLOCK)
+                frames, dropped = self._receive()
             except zmq.Again:
                 break
             handled += 1
-            self._handle(frames)
+            self._handle(frames, dropped)
             if not self.sock.getsockopt(_EVENTS) & _POLLIN:
                 break
         return handled
 
-    def _handle(self, frames: List[bytes]) -> None:
+    def _trim(self) -> None:
+        """Give the C heap's free pages back, at most once a second: libzmq holds a whole message
+        before memd sees its first frame, and glibc kept what it freed after (64 MiB after one
+        400-frame message of 80 MB)."""
+        now = time.monotonic()
+        if now >= self._trim_at:
+            self._trim_at, self._dropped_bytes = now + 1.0, 0
+            trim_heap()
+
+    def _receive(self):
+        """One message: (its first MAX_FRAMES frames, how many more were dropped). libzmq has the
+        whole message by now (it delivers none before the last frame), but frames beyond the
+        protocol's are neither copied nor kept: a 400-frame message was copied whole and echoed
+        back (80 MB each way). Raises zmq.Again when nothing waits."""
+        frames = [self.sock.recv(_NOBLOCK)]
+        dropped = 0
+        while self.sock.getsockopt(_RCVMORE):
+            if len(frames) < MAX_FRAMES:
+                frames.append(self.sock.recv(_NOBLOCK))
+            else:
+                self._dropped_bytes += len(self.sock.recv(_NOBLOCK, copy=False))  # freed at once
+                dropped += 1
+        return frames, dropped
+
+    def _handle(self, frames: List[bytes], dropped: int = 0) -> None:
         start = time.perf_counter()
         if len(frames) < 2:
             return  # cannot happen on a ROUTER; nothing to route a reply to
         envelope, payload = frames[:-1], frames[-1]
-        reply, op, outcome = self._reply_to(envelope, payload)
+        reply, op, outcome = self._reply_to(envelope, payload, dropped)
+        if dropped or not _valid_envelope(envelope):
+            envelope = envelope[:1]  # answered, never echoed back to its sender
         try:
             self.sock.send_multipart(envelope + [protocol.encode(reply)], _NOBLOCK)
         except zmq.ZMQError:
             outcome = "unsent"  # the peer is gone or not reading; ROUTER would drop it anyway
         self.observe(op, outcome, time.perf_counter() - start)
 
-    def _reply_to(self, envelope: List[bytes], payload: bytes):
+    def _reply_to(self, envelope: List[bytes], payload: bytes, dropped: int = 0):
         request_id = None
         op = "invalid"
         try:
-            if len(envelope) > 2 or (len(envelope) == 2 and envelope[1] != b""):
-                raise _Error(protocol.BAD_REQUEST, "expected one message frame (DEALER) or an empty delimiter (REQ)")
+            if dropped or not _valid_envelope(envelope):
+                raise _Error(protocol.BAD_REQUEST, "expected one message frame (DEALER) or an empty delimiter (REQ), "
+                                                   "got %d frames" % (len(envelope) + dropped))
             if len(payload) > protocol.MAX_MESSAGE_BYTES:
                 raise _Error(protocol.TOO_LARGE, "message of %d bytes exceeds the %d-byte limit"
                              % (len(payload), protocol.MAX_MESSAGE_BYTES))
@@ -143,8 +188,10 @@ class Server:
                 raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon speaks %d)"
                              % (request.get("v"), protocol.VERSION))
             name = request.get("op")
+            if not isinstance(name, str):
+                raise Invalid("op is required" if name is None else "op must be a string, not %s" % type(name).__name__)
             if name not in self.dispatch:
-                raise _Error(protocol.UNKNOWN_OP, "unknown op %r" % (name if isinstance(name, str) else type(name).__name__))
+                raise _Error(protocol.UNKNOWN_OP, "unknown op %r" % name[:64])
             op = name
             result = self.dispatch[op](request)
             return {"v": protocol.VERSION, "id": request_id, "ok": True, "result": result}, op, "ok"
@@ -154,10 +201,12 @@ class Server:
             code, message = protocol.UNKNOWN_SESSION, exc.args[0]
         except TooManySessions as exc:
             code, message = protocol.TOO_MANY_SESSIONS, str(exc)
-        except ValueError as exc:  # ops.Invalid
+        except Invalid as exc:
             code, message = protocol.INVALID, str(exc)
-        except Exception as exc:  # a bug in a handler must not take the daemon down
-            log.exception("handler failed", op=op)
+        except Exception as exc:  # a bug in a handler (any other ValueError too) must not take the daemon down
+            held = self.throttle.allow((op, type(exc).__name__))
+            if held is not None:  # one message can repeat a bug as fast as a peer sends it
+                log.exception("handler failed", op=op, error=type(exc).__name__, held_back=held)
             code, message = protocol.INTERNAL, "internal error: %s" % type(exc).__name__
         error = {"v": protocol.VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
         return error, op, code
@@ -173,6 +222,11 @@ class Server:
             except FileNotFoundError:
                 pass
             self._ipc_path = None
+
+
+def _valid_envelope(envelope: List[bytes]) -> bool:
+    """The peer's identity, and a REQ socket's empty delimiter if it is one."""
+    return len(envelope) == 1 or (len(envelope) == 2 and envelope[1] == b"")
 
 
 class _Error(Exception):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -21,6 +23,8 @@ FILE = "curves.json"
 VERSION = 1
 MAX_JOBS = 512
 MAX_POINTS = 32
+TEMP_PREFIX = ".curves."
+_TEMP = re.compile(r"\.curves\.[a-z0-9_]{8}\Z")  # what tempfile.mkstemp(prefix=TEMP_PREFIX) names
 
 log = structlog.get_logger("memd.state")
 
@@ -58,6 +62,31 @@ class StateStore:
                 pass
             self._jobs = {}
 
+    def remove_stale_temps(self, before: float) -> int:
+        """Remove the temp files of writes that never finished (a kill -9 or a power cut between
+        mkstemp and rename leaves one, and nothing else would ever remove it): only regular
+        files named as flush() names them, in this directory, last written before ``before``
+        (the daemon's start, so a write in progress now is never touched). Returns how many."""
+        removed = 0
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return 0
+        for name in names:
+            if not _TEMP.match(name):
+                continue
+            path = os.path.join(self.directory, name)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_mtime < before:
+                    os.unlink(path)
+                    removed += 1
+            except OSError as exc:
+                log.warning("cannot remove a stale state temp file", path=path, error=str(exc))
+        if removed:
+            log.info("removed stale state temp files", directory=self.directory, count=removed)
+        return removed
+
     def recall(self, job: str, pool_key: str) -> Optional[Memory]:
         entry = self._jobs.get(_key(job, pool_key))
         if entry is None:
@@ -82,7 +111,7 @@ class StateStore:
             return True
         try:
             os.makedirs(self.directory, mode=0o750, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".curves.", dir=self.directory)
+            fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.directory)
             try:
                 with os.fdopen(fd, "w") as f:
                     json.dump({"version": VERSION, "jobs": self._jobs}, f, separators=(",", ":"))

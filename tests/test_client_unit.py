@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -41,6 +42,49 @@ def test_split_batch_says_when_it_cannot_keep_the_target():
     assert batch == 5 and steps == 1 and "effective batch is 5" in note
 
 
+def _split_batch_before(limit, target, min_batch=1):
+    """split_batch as it was before its search was bounded: every divisor listed, the largest kept."""
+    limit = max(limit, min_batch, 1)
+    if not target or target < min_batch or limit >= target:
+        return split_batch(limit, target, min_batch)
+    small = [d for d in range(1, int(target ** 0.5) + 1) if target % d == 0]
+    fitting = [d for d in small + [target // d for d in small] if min_batch <= d <= limit]
+    return (max(fitting), target // max(fitting)) if fitting else None
+
+
+def test_split_batch_answers_as_before_for_every_small_target():
+    for target in range(1, 250):
+        for limit in range(0, target + 2):
+            for min_batch in (1, 2, 3, 5, 16):
+                before = _split_batch_before(limit, target, min_batch)
+                batch, steps, note = split_batch(limit, target, min_batch)
+                if before is None:
+                    assert "no divisor of target %d fits" % target in note
+                else:
+                    assert (batch, steps) == before[:2], (limit, target, min_batch)
+
+
+@pytest.mark.parametrize("limit, target, expected", [
+    (1000, 2 ** 62, (512, 2 ** 53)),  # listing its divisors took 2 x 10^9 steps (measured 62 s)
+    (2 ** 40, 2 ** 62, (2 ** 40, 2 ** 22)),
+    (46_000, 2 ** 31 - 1, (1, 2 ** 31 - 1)),  # a prime at the protocol's limit: searched completely
+    (10, (2 ** 61 - 1) * 3, (3, 2 ** 61 - 1)),
+])
+def test_split_batch_is_cheap_for_any_target(limit, target, expected):
+    started = time.perf_counter()
+    batch, steps, note = split_batch(limit, target)
+    assert time.perf_counter() - started < 0.5
+    assert (batch, steps, note) == expected + ("",)
+
+
+def test_split_batch_says_when_a_huge_target_was_not_searched_to_the_end():
+    prime = 2 ** 61 - 1  # its only divisors are 1 and itself; proving that takes 10^9 tries
+    started = time.perf_counter()
+    batch, steps, note = split_batch(2 ** 40, prime, min_batch=2)
+    assert time.perf_counter() - started < 0.5
+    assert batch == 2 ** 40 and steps == round(prime / 2 ** 40) and "found in" in note and "effective batch is" in note
+
+
 def test_fallback_plan_prefers_the_callers_defaults():
     plan = fallback_plan(min_batch=2, max_batch=20, default_batch=32, target_effective_batch=64,
                          hints={"num_workers": 4, "prefetch_factor": 3})
@@ -68,9 +112,59 @@ def test_bad_arguments_are_programming_errors():
         client.Session("j", min_batch=8, target_effective_batch=4, endpoint="ipc:///nonexistent/x.sock")
     with pytest.raises(TypeError):
         client.Session("j", hints=["not", "a", "dict"], endpoint="ipc:///nonexistent/x.sock")
+    with pytest.raises(ValueError, match="target_effective_batch must be at most 2147483647"):
+        client.Session("j", target_effective_batch=2 ** 62, endpoint="ipc:///nonexistent/x.sock")
+    for bad in (float("nan"), float("inf")):  # a ValueError like any other bad count, not an OverflowError
+        with pytest.raises(ValueError, match="max_batch must be a finite count"):
+            client.Session("j", max_batch=bad, endpoint="ipc:///nonexistent/x.sock")
+
+
+BAD_NUMBERS = [float("nan"), float("inf"), float("-inf"), -1, 2 ** 64, 2 ** 63 + 1, "eight", b"8", None, [8], True]
+
+
+def test_report_never_raises_and_leaves_out_what_the_daemon_would_refuse(caplog):
+    """report(peak_bytes=float("nan")) raised before; a huge int was queued and then poisoned
+    every later send (msgpack cannot carry it)."""
     s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", timeout=0.01)
-    with pytest.raises(TypeError):
-        s.report(batch_size="eight")
+    for bad in BAD_NUMBERS:
+        s.report(8, peak_bytes=bad, step=bad, step_seconds=bad, batch_bytes=bad)
+        s.report(bad, peak_bytes=10 ** 9)  # no usable batch size: the whole report is dropped
+    sent = [fields for op, fields in s._pending]
+    assert sent == [{"batch_size": 8}] * len(BAD_NUMBERS)
+    s.report(8.0, peak_bytes=1.5e9, step=3, step_seconds=0.25, batch_bytes=2 ** 20)  # floats that are numbers: kept
+    assert s._pending[-1][1] == {"batch_size": 8, "peak_bytes": 1_500_000_000, "step": 3, "step_seconds": 0.25,
+                                 "batch_bytes": 2 ** 20}
+    warnings = [r.getMessage() for r in caplog.records if r.name == "memd.client"]
+    assert len(warnings) == len(set(warnings)) <= 5  # at most once per field, however often
+    assert "report(peak_bytes=nan) left out" in warnings[0]
+
+
+def test_report_oom_never_raises_and_still_backs_off():
+    s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", timeout=0.01, default_batch=16)
+    for bad in BAD_NUMBERS:
+        s.report_oom(bad)  # an OOM happened all the same: at the batch the job was told, most likely
+    assert s._ceiling == 12 and s.plan().batch_size == 12
+
+
+def test_hints_the_daemon_would_ignore_are_not_sent(caplog):
+    s = client.Session("j", endpoint="ipc:///nonexistent/x.sock", num_workers=10 ** 12,
+                       hints={"layers": 10 ** 7, "d_model": 768, "mine": float("nan"), "big": 2 ** 70, "note": "x"})
+    assert s.hints == {"d_model": 768, "note": "x"}
+    assert sum("not sent" in r.getMessage() for r in caplog.records) == 4
+
+
+def test_suggest_batch_answers_at_once_whatever_the_target(monkeypatch, tmp_path):
+    """A target of 2**62 kept the client's own fallback busy for a minute (its divisor search)."""
+    import threading
+
+    monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/none.sock" % tmp_path)
+    monkeypatch.setattr(client, "_process_session", None)
+    answers = []
+    thread = threading.Thread(target=lambda: answers.append(
+        client.suggest_batch(default=32, target_effective_batch=2 ** 62, max_batch=64)), daemon=True)
+    thread.start()
+    thread.join(2.0)
+    assert answers == [32]
 
 
 def test_suggest_batch_never_raises(monkeypatch, tmp_path):

@@ -1,5 +1,7 @@
 """Hostile and malformed traffic against the real daemon: every message gets an error reply
 (when it can be routed), nothing changes, and the daemon keeps answering ping."""
+import time
+
 import msgpack
 import pytest
 import zmq
@@ -44,7 +46,9 @@ def assert_alive(exchange):
     (msgpack.packb({"v": 2, "op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
     (msgpack.packb({"op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
     (msgpack.packb({"v": 1, "op": "shutdown", "id": 7}), protocol.UNKNOWN_OP),
-    (msgpack.packb({"v": 1, "op": 5, "id": 7}), protocol.UNKNOWN_OP),
+    (msgpack.packb({"v": 1, "op": 5, "id": 7}), protocol.INVALID),  # op of the wrong type
+    (msgpack.packb({"v": 1, "op": [1], "id": 7}), protocol.INVALID),  # was internal, with a traceback logged each time
+    (msgpack.packb({"v": 1, "id": 7}), protocol.INVALID),  # no op
     (msgpack.packb({"v": 1, "op": "hello", "id": 7}), protocol.INVALID),  # no job, pid, host
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": "1", "host": "h"}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}), protocol.INVALID),
@@ -150,3 +154,94 @@ def test_session_of_a_vanished_process_expires(memd):
     while time.monotonic() < deadline and any(s["job"] == "short-lived" for s in memd.call("status")["sessions"]):
         time.sleep(0.05)
     assert not any(s["job"] == "short-lived" for s in memd.call("status")["sessions"])
+
+
+HUGE = 2 ** 62  # accepted before fields had ranges: a hello with this target (and max_batch 64) took minutes
+
+
+@pytest.mark.parametrize("fields, name", [
+    ({"target_effective_batch": HUGE, "max_batch": 64}, "target_effective_batch"),
+    ({"max_batch": HUGE}, "max_batch"),
+    ({"default_batch": HUGE}, "default_batch"),
+    ({"min_batch": HUGE, "target_effective_batch": HUGE}, "min_batch"),
+    ({"pid": 2 ** 40}, "pid"),
+    ({"rank": 2 ** 40}, "rank"),
+    ({"rank": 4, "world_size": 4}, "rank"),
+    ({"world_size": 2 ** 40}, "world_size"),
+    ({"local_world_size": 0}, "local_world_size"),
+    ({"cpus": float("nan")}, "cpus"),
+    ({"cpus": float("inf")}, "cpus"),
+])
+def test_out_of_range_hello_fields_are_refused_at_once(raw, fields, name):
+    hello = dict({"job": "j", "pid": 1, "host": "elsewhere"}, **fields)
+    started = time.monotonic()
+    reply = raw(request("hello", **hello), timeout=2.0)  # the daemon used to stall here for minutes
+    assert time.monotonic() - started < 2.0
+    assert reply["error"]["code"] == protocol.INVALID and reply["error"]["message"].startswith(name), reply
+    assert_alive(raw)
+
+
+def test_out_of_range_report_fields_are_refused(raw):
+    token = raw(request("hello", job="ranges", pid=1, host="elsewhere", target_effective_batch=2 ** 31 - 1))["result"]["token"]
+    for fields, name in (({"batch_size": HUGE}, "batch_size"), ({"batch_size": 8, "peak_bytes": HUGE}, "peak_bytes"),
+                         ({"batch_size": 8, "batch_bytes": 2 ** 51}, "batch_bytes"), ({"batch_size": 8, "step": HUGE}, "step"),
+                         ({"batch_size": 8, "step_seconds": float("nan")}, "step_seconds"),
+                         ({"batch_size": 8, "step_seconds": float("inf")}, "step_seconds"),
+                         ({"batch_size": 8, "peak_bytes": float("nan")}, "peak_bytes")):
+        reply = raw(request("report", token=token, **fields))
+        assert reply["error"]["code"] == protocol.INVALID and reply["error"]["message"].startswith(name), reply
+    reply = raw(request("oom", token=token, batch_size=HUGE))
+    assert reply["error"]["code"] == protocol.INVALID and reply["error"]["message"].startswith("batch_size")
+    # The largest target accepted is still planned at once (a prime: only 1 and itself divide it).
+    started = time.monotonic()
+    plan = raw(request("report", token=token, batch_size=1, peak_bytes=10 ** 9))["result"]["plan"]
+    assert time.monotonic() - started < 2.0 and plan["batch_size"] * plan["grad_accum_steps"] == 2 ** 31 - 1
+
+
+def test_hints_beyond_any_model_are_ignored_at_once(raw, memd):
+    """layers 10**7: 15 s and 1.2 GB of the daemon (measured) before hints had ranges."""
+    hints = {"layers": 10 ** 7, "d_model": 768, "heads": 12, "vocab": 50257, "seq_len": 1024, "note": float("inf")}
+    started = time.monotonic()
+    reply = raw(request("hello", job="deep", pid=1, host="elsewhere", hints=hints), timeout=2.0)
+    assert time.monotonic() - started < 2.0
+    assert reply["ok"] is True and "prior" not in reply["result"]["plan"]["reason"]
+    assert_alive(raw)
+    deadline = time.monotonic() + 2
+    while "hints out of range ignored" not in memd.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "hint layers must be in [1, 4096], not 10000000" in memd.log()
+
+
+def test_a_non_string_op_is_invalid_and_logs_nothing(raw, memd):
+    for _ in range(20):
+        reply = raw(msgpack.packb({"v": 1, "op": [1], "id": 7}))
+        assert reply["error"] == {"code": protocol.INVALID, "message": "op must be a string, not list"}
+    assert_alive(raw)
+    assert "Traceback" not in memd.log() and "handler failed" not in memd.log()
+
+
+def test_a_message_of_many_frames_is_dropped_not_echoed_nor_kept(memd):
+    """ZMQ_MAXMSGSIZE caps a frame, not a message: 400 frames of 200 KiB were copied whole and
+    echoed back (80 MB each way; the daemon peaked at 255 MiB and kept 64 MiB). Frames beyond
+    the protocol's are dropped uncopied, the sender is told so in one frame, its heap is trimmed."""
+    import psutil
+
+    daemon = psutil.Process(memd.proc.pid)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(memd.endpoint)
+    before = daemon.memory_info().rss
+    junk = [b"\x00" * (64 * 1024)] * 49
+    for _ in range(4):
+        sock.send_multipart(junk + [request("ping")])
+        assert sock.poll(2000, zmq.POLLIN)
+        reply = sock.recv_multipart()
+        assert len(reply) == 1  # the error alone, none of the 3 MiB sent
+        error = msgpack.unpackb(reply[0], raw=False)["error"]
+        assert error["code"] == protocol.BAD_REQUEST and "got 50 frames" in error["message"]
+    sock.send(request("ping"))
+    assert sock.poll(2000, zmq.POLLIN) and msgpack.unpackb(sock.recv(), raw=False)["result"]["pong"] is True
+    assert daemon.memory_info().rss - before < 8 * 2 ** 20
+    sock.close(0)
+    ctx.term()

@@ -259,3 +259,16 @@ def test_cli_bad_input_is_one_line_and_exit_2(args):
     out = run_memd(["estimate"] + args)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_transformer_costs_the_same_for_any_depth():
+    """Each layer's backward moment is linear in its index: two moments, not one per layer
+    (10**7 layers took 15 s and 1.2 GB before)."""
+    import time
+
+    started = time.perf_counter()
+    deep = est.transformer(layers=10 ** 7, d_model=768, heads=12, vocab=50257, positions=1024, seq_len=1024, batch=8)
+    assert time.perf_counter() - started < 0.5
+    assert deep.params == est.gpt2_params(10 ** 7, 768, 50257, 1024)
+    shallow = est.transformer(layers=1, d_model=768, heads=12, vocab=50257, positions=1024, seq_len=1024, batch=8)
+    assert shallow.peak_bytes < deep.peak_bytes

@@ -15,6 +15,7 @@ imports pyzmq and msgpack and nothing of the daemon's.
 from __future__ import annotations
 
 import collections
+import logging
 import operator
 import os
 import socket
@@ -41,6 +42,8 @@ _BACKOFF_MAX = 2.0
 _PENDING_REPORTS = 16  # reports kept while the daemon cannot take them; older ones are dropped
 _MAX_HINTS = 32
 
+log = logging.getLogger("memd.client")
+
 
 class _Unavailable(Exception):
     """The daemon did not answer in time, or could not be reached at all."""
@@ -60,7 +63,10 @@ class Session:
 
     Thread-safe; fork-safe (a forked dataloader worker never touches its parent's socket: the
     child's copy starts over, lazily, as a session of its own). Everything the daemon said is
-    cached, so ``plan()`` costs a dictionary look-up while the last plan is fresh.
+    cached, so ``plan()`` costs a dictionary look-up while the last plan is fresh. Only the
+    constructor raises: on limits that are not counts, contradict each other or lie beyond
+    docs/protocol.md's ranges (found before training starts); nothing a training loop hands a
+    method later makes it raise.
     """
 
     def __init__(
@@ -77,7 +83,7 @@ class Session:
         hints: Optional[Dict[str, Any]] = None,
         num_workers: Optional[int] = None,
     ):
-        self.job = job if job is not None else _default_job()
+        self.job = (str(job) if job is not None else _default_job())[:128]  # the daemon takes 128 characters
         self.endpoint = endpoint or protocol.default_endpoint()
         self.timeout = float(timeout)
         if not self.timeout > 0:
@@ -92,10 +98,15 @@ class Session:
         if self.target_effective_batch is not None and self.target_effective_batch < self.min_batch:
             raise ValueError("target_effective_batch (%d) is below min_batch (%d)"
                              % (self.target_effective_batch, self.min_batch))
+        for name in ("min_batch", "max_batch", "default_batch", "target_effective_batch"):
+            value, high = getattr(self, name), protocol.FIELD_RANGES[name][1]
+            if value is not None and value > high:
+                raise ValueError("%s must be at most %d, not %d" % (name, high, value))
         self.device = device
-        self.hints = _clean_hints(hints)
+        self._warned: set = set()  # what this session already warned about: once is enough
         if num_workers is not None:  # the workers the job would like: memory and pressure only cut from there
-            self.hints["num_workers"] = _count(num_workers, "num_workers", allow_zero=True)
+            hints = dict(hints or {}, num_workers=_count(num_workers, "num_workers", allow_zero=True))
+        self.hints = _clean_hints(hints, self._warned)
         self._lock = threading.Lock()
         self._reset()
         _sessions.add(self)
@@ -144,7 +155,9 @@ class Session:
 
     def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,
                step_seconds: Optional[float] = None, batch_bytes: Optional[int] = None) -> None:
-        """Tell the daemon what a step cost. Never waits: the reply (a new plan) is picked up later.
+        """Tell the daemon what a step cost. Never waits, never raises: the reply (a new plan) is
+        picked up later; a field that is not a number in its protocol range (NaN, negative, beyond
+        1 PiB) is left out with a warning, once, and a report without a usable batch size is dropped.
 
         ``peak_bytes=None`` asks the daemon to measure the job's process tree itself;
         ``batch_bytes``: one batch's tensors (a loader's report: each worker keeps prefetch_factor
@@ -153,17 +166,17 @@ class Session:
         costs at most 5 % of the step and never more than ``timeout``: glibc keeps a CPU step's
         freed activations resident, and the next step's peak rides on them.
         """
-        fields: Dict[str, Any] = {"batch_size": _count(batch_size, "batch_size")}
-        if peak_bytes is not None:
-            fields["peak_bytes"] = _count(peak_bytes, "peak_bytes", allow_zero=True)
-        if step is not None:
-            fields["step"] = _count(step, "step", allow_zero=True)
-        if step_seconds is not None:
-            fields["step_seconds"] = float(step_seconds)
-        if batch_bytes is not None:
-            fields["batch_bytes"] = _count(batch_bytes, "batch_bytes", allow_zero=True)
+        fields: Dict[str, Any] = {}
+        given = (("batch_size", batch_size), ("peak_bytes", peak_bytes), ("step", step),
+                 ("step_seconds", step_seconds), ("batch_bytes", batch_bytes))
+        for name, value in given:
+            if value is not None:
+                checked = _wire_number(value, name, "report", self._warned)
+                if checked is not None:
+                    fields[name] = checked
         self._trimmer.step_ended()
-        self._send_later("report", fields)
+        if "batch_size" in fields:
+            self._send_later("report", fields)
 
     def report_oom(self, batch_size: int) -> None:
         """Tell the daemon a step ran out of memory; waits (within ``timeout``) for the new plan.
@@ -171,7 +184,10 @@ class Session:
         If the daemon does not answer, the session backs off locally (25 % smaller) so the very
         next ``plan()`` is smaller anyway, and the OOM is delivered when the daemon is back.
         """
-        batch_size = _count(batch_size, "batch_size")
+        checked = _wire_number(batch_size, "batch_size", "report_oom", self._warned)
+        if checked is None:  # an OOM still happened: at the planned batch, most likely
+            checked = self._plan.batch_size if self._plan is not None else self.default_batch or self.min_batch
+        batch_size = checked
         if not self._lock.acquire(timeout=self.timeout):
             self._local_oom(batch_size)
             return
@@ -483,13 +499,45 @@ def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = Fal
         number = operator.index(value) if not isinstance(value, float) else int(value)
     except TypeError:
         raise TypeError("%s must be an integer, not %r" % (name, value)) from None
+    except (ValueError, OverflowError):  # a NaN or an infinity
+        raise ValueError("%s must be a finite count, not %r" % (name, value)) from None
     if isinstance(value, bool) or number < (0 if allow_zero else 1):
         raise ValueError("%s must be %s, not %r" % (name, "a count >= 0" if allow_zero else "a count >= 1", value))
     return number
 
 
-def _clean_hints(hints: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Keep hints small and plain (str keys, scalar values) so they always fit the wire."""
+def _wire_number(value: Any, name: str, call: str, warned: set) -> Any:
+    """``value`` as the protocol's field ``name`` takes it (an int; a float for step_seconds),
+    or None, with a warning once per ``warned`` set, when it is not a finite number in the field's
+    range: the training loop that handed it over must not die of it, and the daemon would
+    refuse it."""
+    low, high = protocol.FIELD_RANGES[name]
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        if name == "step_seconds":
+            number = float(value)
+        elif isinstance(value, float):
+            number = int(value)  # NaN: ValueError; an infinity: OverflowError
+        else:
+            number = operator.index(value)
+        if not low <= number <= high:  # False for NaN too
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        _warn_once(warned, (call, name), "memd: %s(%s=%.60r) left out: not a number in [%d, %d]", call, name, value, low, high)
+        return None
+    return number
+
+
+def _warn_once(warned: set, key: Any, message: str, *args: Any) -> None:
+    if key not in warned and len(warned) < 1024:
+        warned.add(key)
+        log.warning(message, *args)
+
+
+def _clean_hints(hints: Optional[Dict[str, Any]], warned: set) -> Dict[str, Any]:
+    """Keep hints small and plain (str keys, scalar values) so they always fit the wire, and
+    within protocol.HINT_RANGES: the daemon would ignore the rest anyway."""
     if not hints:
         return {}
     if not isinstance(hints, dict):
@@ -497,7 +545,12 @@ def _clean_hints(hints: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     clean: Dict[str, Any] = {}
     for key, value in list(hints.items())[:_MAX_HINTS]:
         if isinstance(value, (bool, int, float, str)) or value is None:
-            clean[str(key)[:64]] = value[:256] if isinstance(value, str) else value
+            key = str(key)[:64]
+            problem = protocol.hint_problem(key, value)
+            if problem is not None:
+                _warn_once(warned, ("hints", key), "memd: %s; not sent", problem)
+                continue
+            clean[key] = value[:256] if isinstance(value, str) else value
     return clean
 
 

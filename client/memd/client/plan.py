@@ -5,11 +5,17 @@ the client's local fallback both call it, so a plan keeps the effective batch wh
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 PRESSURE_LEVELS = ("ok", "elevated", "high", "critical")
 SOURCES = ("daemon", "fallback")
+#: Candidates split_batch tries at most (a few milliseconds): enough to search every target below
+#: 2**32 completely (the protocol's limit is 2**31 - 1); a larger one is searched this far and no
+#: further, so no number a caller passes can keep the daemon or a training loop busy.
+DIVISOR_CHECKS = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,13 @@ def split_batch(limit: int, target: Optional[int], min_batch: int = 1) -> Tuple[
         return min_batch, 1, "target %d is below min_batch %d: effective batch is %d" % (target, min_batch, min_batch)
     if limit >= target:
         return target, 1, ""
-    fitting = [d for d in _divisors(target) if min_batch <= d <= limit]
-    if fitting:
-        return max(fitting), target // max(fitting), ""
+    divisor, complete = _largest_divisor(target, min_batch, limit)
+    if divisor is not None:
+        return divisor, target // divisor, ""
     steps = max(1, round(target / limit))
+    if not complete:
+        return limit, steps, "no divisor of target %d between %d and %d found in %d tries: effective batch is %d" % (
+            target, min_batch, limit, DIVISOR_CHECKS, limit * steps)
     return limit, steps, "no divisor of target %d fits between %d and %d: effective batch is %d" % (
         target, min_batch, limit, limit * steps)
 
@@ -122,9 +131,31 @@ def fallback_plan(
     )
 
 
-def _divisors(n: int):
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    return small + [n // d for d in small]
+@functools.lru_cache(maxsize=1024)
+def _largest_divisor(n: int, low: int, high: int) -> Tuple[Optional[int], bool]:
+    """(the largest divisor of ``n`` in [low, high] or None, whether the search was complete).
+
+    Divisors pair up around sqrt(n): those above it are n // e for small e, found largest first
+    by counting e up from n / high; those below are counted down from min(high, sqrt(n)). The
+    first hit on either side is the answer, and at most DIVISOR_CHECKS candidates are tried:
+    listing every divisor first made a target of 2**62 cost 2 x 10^9 steps. Cached, because a
+    session's target stays while its limit moves among a few values.
+    """
+    root = math.isqrt(n)
+    tries = DIVISOR_CHECKS
+    for e in range(max(1, -(-n // high)), min(root, n // low) + 1):  # divisors n // e >= sqrt(n)
+        if n % e == 0:
+            return n // e, True
+        tries -= 1
+        if not tries:
+            return None, False
+    for d in range(min(high, root), low - 1, -1):  # divisors d <= sqrt(n)
+        if n % d == 0:
+            return d, True
+        tries -= 1
+        if not tries:
+            return None, False
+    return None, True
 
 
 def _hint_int(hints: Dict[str, Any], name: str, default: int) -> int:

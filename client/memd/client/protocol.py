@@ -21,6 +21,52 @@ MAX_MESSAGE_BYTES = 64 * 1024
 
 OPS = ("hello", "plan", "report", "oom", "bye", "status", "ping")
 
+MAX_BATCH = 2 ** 31 - 1  # samples in a batch or an effective batch: torch's int32 indices
+MAX_BYTES = 2 ** 50  # 1 PiB: more memory than any one machine has
+MAX_RANKS = 2 ** 20  # processes of one distributed job
+
+#: The inclusive range of every numeric request field (docs/protocol.md, "Field ranges"): far
+#: beyond any real job, and small enough that nothing either end computes from them costs much
+#: (a target of 2**62 once kept the daemon busy for minutes). A daemon refuses a value outside
+#: with ``invalid`` naming the field; floats must be finite.
+FIELD_RANGES = {
+    "pid": (1, 2 ** 32 - 1),  # a pid_t, or a Windows process id
+    "min_batch": (1, MAX_BATCH), "max_batch": (1, MAX_BATCH), "default_batch": (1, MAX_BATCH),
+    "target_effective_batch": (1, MAX_BATCH), "batch_size": (1, MAX_BATCH),
+    "rank": (0, MAX_RANKS - 1), "local_rank": (0, MAX_RANKS - 1),
+    "world_size": (1, MAX_RANKS), "local_world_size": (1, MAX_RANKS),
+    "cpus": (0, 65536),  # a number; 0 means unknown
+    "peak_bytes": (0, MAX_BYTES), "base_bytes": (0, MAX_BYTES), "batch_bytes": (0, MAX_BYTES),
+    "step": (0, 2 ** 53),  # exact as a float
+    "step_seconds": (0, 10 ** 9),  # a number
+}
+
+#: The inclusive range of every numeric hint the daemon reads (docs/protocol.md, "Hints"): a
+#: model description feeds estimators whose work grows with it (10**7 layers once cost the daemon
+#: 15 s and 1.2 GB). A hint outside its range, or any NaN or infinite hint, is dropped: the client
+#: does not send it and a daemon ignores it, and says so once in its log.
+HINT_RANGES = {
+    "num_workers": (0, 1024), "prefetch_factor": (1, 1024),
+    "fixed_bytes": (0, MAX_BYTES), "per_sample_bytes": (1, MAX_BYTES),
+    "layers": (1, 4096), "d_model": (1, 2 ** 17), "heads": (1, 4096), "vocab": (1, 2 ** 24),
+    "seq_len": (1, 2 ** 24), "positions": (1, 2 ** 24),
+    "params": (1, 10 ** 15), "trainable_params": (1, 10 ** 15), "zero_stage": (0, 3), "gpus": (1, MAX_RANKS),
+}
+
+
+def hint_problem(name: str, value: Any) -> Optional[str]:
+    """Why a hint must be dropped (its range, or not finite), or None to keep it. A value of the
+    wrong type is kept: the estimators refuse it themselves, and it costs them nothing."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if name in HINT_RANGES:
+        low, high = HINT_RANGES[name]
+        if not low <= value <= high:
+            return "hint %s must be in [%d, %d], not %r" % (name, low, high, value)
+    elif value != value or not -2 ** 63 <= value < 2 ** 63:  # NaN, an infinity, or beyond msgpack
+        return "hint %s must be a finite number within 2**63, not %r" % (name, value)
+    return None
+
 # Error codes (docs/protocol.md has a sentence on each).
 BAD_REQUEST = "bad_request"  # not a msgpack map, or framing we cannot read
 TOO_LARGE = "too_large"

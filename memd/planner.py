@@ -167,13 +167,9 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
 def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
     """The job's workers as the policy needs them. Each worker's own memory (USS) is kept over
     the last job reads: a worker that copies a Python-object dataset as it reads it (seed 004)
-    grows step by step, and one worker's cost is the most any reached this run, or what one is on
-    its way to reach within ``worker_horizon_seconds`` at the rate it grows now: a first burst's
-    projection goes once the growth slows (the benchmark's workers projected their whole 605 MiB
-    mapping in their first seconds and levelled near 300; held, that cost left a loader with 1
-    worker at 74 % of the batch that runs beside it). The count the cost once cut stays cut
-    (ControlState.workers_cap). What workers reached is kept through a rebuild of the loader:
-    new workers start small and grow again. What the live workers will add before
+    grows step by step, and one worker's cost is the most any reached this run, or was on its way
+    to reach within ``worker_horizon_seconds`` at the rate it grew. It is kept through a rebuild
+    of the loader: new workers start small and grow again. What the live workers will add before
     the daemon can see it and the job act on it (``growth``, GROWTH_AHEAD at their rate) is held
     back from the batch's budget in a shared pool: a job with four growing workers was planned a
     batch that fit at the time, and the workers' growth killed it 8 steps later. The batch then
@@ -194,7 +190,7 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
         for pid in list(session.worker_uss):
             if pid not in now:
                 del session.worker_uss[pid]  # gone: a rebuilt loader forks new ones
-        growth = projected = 0
+        growth = 0
         for pid, (value, anon) in list(now.items())[:MAX_WORKERS]:
             history = session.worker_uss.setdefault(pid, collections.deque(maxlen=WORKER_READS))
             history.append((job.monotonic, value))
@@ -204,10 +200,8 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
             # (measured: RSS ~622 MiB each, flat, while their USS grew 87 -> 224 MiB; the first
             # seconds' rate alone projected 2.7 GB, and RSS counts the libraries too).
             bound = max(last, anon)
-            session.worker_reached = max(session.worker_reached, last)
-            projected = max(projected, int(min(last + rate * cfg.worker_horizon_seconds, bound)))
+            session.worker_cost = max(session.worker_cost, int(min(last + rate * cfg.worker_horizon_seconds, bound)))
             growth += int(min(rate * GROWTH_AHEAD, bound - last))
-        session.worker_cost = max(session.worker_reached, projected)
         session.worker_growth = growth
     return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes,
                        growth=session.worker_growth if job is not None else 0)

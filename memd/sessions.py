@@ -65,7 +65,6 @@ class Session:
     # (planner.worker_facts)
     worker_uss: Dict[int, Deque[Tuple[float, int]]] = field(default_factory=dict)
     worker_cost: int = 0
-    worker_reached: int = 0  # the most one worker's USS reached this run
     worker_growth: int = 0  # what the live workers are projected to add (planner.worker_facts)
     workers_read: Optional[float] = None  # the job read they were last updated from
     # (job read's monotonic time, capacity, free + held) of the last two reads of a host pool

@@ -60,10 +60,6 @@ class ControlState:
     # budget then): the plan grows no further than the second until the budget grows, so a job
     # whose peaks straddle its budget settles instead of trying the edge again and again.
     cap: Optional[Tuple[int, int, int]] = None
-    # The most workers memory left the job this run (_beside_workers): never more again, as each
-    # new worker copies what the others did, and a count that followed the cost up and down
-    # rebuilt the loader 3, 2, 1, 2, 1, 0, 1.
-    workers_cap: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +81,7 @@ def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig
     if state.ceiling is not None:
         ceiling = min(ceiling, state.ceiling)
     cut = max(limits.min_batch, int(batch * (1 - cfg.oom_cut)))
-    return ControlState(batch=min(cut, ceiling), ceiling=ceiling, stable=0, critical_cut=state.critical_cut,
-                        workers_cap=state.workers_cap)
+    return ControlState(batch=min(cut, ceiling), ceiling=ceiling, stable=0, critical_cut=state.critical_cut)
 
 
 def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: ControlState, level: str,
@@ -104,11 +99,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     else:
         budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
-    kept, workers_cap = None, state.workers_cap
+    kept = None
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
-        budget, kept = _beside_workers(limits, workers, curve, budget, workers_cap)
-        if kept is not None and kept < _wanted(limits, workers):
-            workers_cap = kept
+        budget, kept = _beside_workers(limits, workers, curve, budget)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
@@ -171,7 +164,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4,
     )
     predicted = curve.peak(batch) if curve is not None else None
-    new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap, workers_cap=workers_cap)
+    new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap)
     return Decision(plan, new_state, budget, predicted)
 
 
@@ -291,10 +284,8 @@ def _per_worker(facts: WorkerFacts) -> Optional[int]:
     return facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
 
 
-def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int,
-                    cap: Optional[int] = None) -> Tuple[int, Optional[int]]:
+def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int) -> Tuple[int, Optional[int]]:
     """(the batch's budget, the workers kept beside it; None before a worker is measured).
-    ``cap``: the most kept earlier this run (ControlState.workers_cap).
 
     In a pool the batch shares with its workers, the number of workers is decided first, once
     for the pool: the most of those the job asked for whose measured cost leaves the batch at
@@ -315,9 +306,8 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         return room - kept * (per_worker + prefetch * (facts.batch_bytes or 0))
 
     # A bisection, not a count down: the hint is the client's number, and 10**12 froze the daemon.
-    top = wanted if cap is None else min(wanted, cap)
-    kept = top if curve.max_batch(left(top)) >= half else \
-        largest(lambda k: k < top and curve.max_batch(left(k)) >= half)
+    kept = wanted if curve.max_batch(left(wanted)) >= half else \
+        largest(lambda k: k < wanted and curve.max_batch(left(k)) >= half)
     # The batch goes beside the workers that live, if more than those kept: a loop with its own
     # DataLoader keeps the workers it built whatever the plan says (the benchmark's job that kept
     # its 4 was planned a batch beside 1 and killed), and a loader being rebuilt has not let

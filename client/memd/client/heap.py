@@ -16,7 +16,7 @@ size of each such block freed (up to 32 MiB): after a first step, a CPU job's ac
 from the heap instead, where what a step leaves in the middle decides where the next step's
 tensors land. Held at its starting 128 KiB (``steady_heap``), the same batch peaked the same at
 every step: a CNN at batch 560 in a 1 GiB cgroup at 797-812 MiB anonymous instead of 834-883, a
-GPT-style job at batch 40 at 875-889 instead of 888-1006 (bench/heapcost.py has the cost).
+GPT-style job at batch 40 in 1.5 GiB at 875-889 instead of 888-1006 (bench/heapcost.py has the cost).
 """
 from __future__ import annotations
 

@@ -98,10 +98,6 @@ class Session:
         if self.target_effective_batch is not None and self.target_effective_batch < self.min_batch:
             raise ValueError("target_effective_batch (%d) is below min_batch (%d)"
                              % (self.target_effective_batch, self.min_batch))
-        for name in ("min_batch", "max_batch", "default_batch", "target_effective_batch"):
-            value, high = getattr(self, name), protocol.FIELD_RANGES[name][1]
-            if value is not None and value > high:
-                raise ValueError("%s must be at most %d, not %d" % (name, high, value))
         self.device = device
         self._warned: set = set()  # what this session already warned about: once is enough
         if num_workers is not None:  # the workers the job would like: memory and pressure only cut from there
@@ -184,10 +180,9 @@ class Session:
         If the daemon does not answer, the session backs off locally (25 % smaller) so the very
         next ``plan()`` is smaller anyway, and the OOM is delivered when the daemon is back.
         """
-        checked = _wire_number(batch_size, "batch_size", "report_oom", self._warned)
-        if checked is None:  # an OOM still happened: at the planned batch, most likely
-            checked = self._plan.batch_size if self._plan is not None else self.default_batch or self.min_batch
-        batch_size = checked
+        batch_size = _wire_number(batch_size, "batch_size", "report_oom", self._warned)
+        if batch_size is None:  # an OOM still happened: at the planned batch, most likely
+            batch_size = self._plan.batch_size if self._plan is not None else self.default_batch or self.min_batch
         if not self._lock.acquire(timeout=self.timeout):
             self._local_oom(batch_size)
             return
@@ -503,6 +498,9 @@ def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = Fal
         raise ValueError("%s must be a finite count, not %r" % (name, value)) from None
     if isinstance(value, bool) or number < (0 if allow_zero else 1):
         raise ValueError("%s must be %s, not %r" % (name, "a count >= 0" if allow_zero else "a count >= 1", value))
+    high = protocol.FIELD_RANGES.get(name, (0, number))[1]  # the daemon would refuse more (docs/protocol.md)
+    if number > high:
+        raise ValueError("%s must be at most %d, not %d" % (name, high, number))
     return number
 
 

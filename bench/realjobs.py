@@ -58,6 +58,24 @@ class Row:
     limit_bytes: int
     default_batch: int  # what the user would pass as suggest_batch(default=...)
     workers: int = 0  # the DataLoader workers the job asks for (the workers shape)
+    # Steps each method runs at least: a worker's copy of the dataset grows as it reads records,
+    # so a run that ends before its workers have read them all has not met its peak.
+    min_steps: int = 0
+
+
+# bench/trainjob.py's Records: each worker copies a record as it reads it; after reading each
+# about SETTLE_READS times (with replacement), 99 % of them, its memory has levelled. Measured:
+# four workers at batch 240 ran the 30 steps of the first probes and were killed at step 31 of
+# a longer run; at 160 killed at step 100; at 128 they ran 400 steps (group peak 2040 MiB of 2048).
+RECORDS, SETTLE_READS = 1200, 5
+
+
+def settled_steps(row: "Row", batch: int, steps: int) -> int:
+    """Steps for a run at a fixed ``batch`` to meet its peak: ``steps``, or, with workers, enough
+    for every worker to have read each record SETTLE_READS times."""
+    if not row.workers:
+        return steps
+    return max(steps, -(-SETTLE_READS * RECORDS * row.workers // batch))
 
 
 ROWS = {r.name: r for r in (
@@ -66,7 +84,7 @@ ROWS = {r.name: r for r in (
     Row("cnn-1g", "cnn", 1 * GiB, 32),
     Row("cnn-2g", "cnn", 2 * GiB, 32),
     Row("embed-8g", "embed", 8 * GiB, 256),
-    Row("workers-2g", "workers", 2 * GiB, 32, workers=4),  # each worker copies the dataset it reads
+    Row("workers-2g", "workers", 2 * GiB, 32, workers=4, min_steps=200),  # each worker copies the dataset it reads
 )}
 
 
@@ -151,7 +169,7 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
 
 
 def fits(row: Row, batch: int, steps: int, log, steady: bool = False):
-    run = run_job(row, "fixed", steps, None, ["--method", "fixed", "--batch", str(batch)] + (
+    run = run_job(row, "fixed", settled_steps(row, batch, steps), None, ["--method", "fixed", "--batch", str(batch)] + (
         ["--steady-heap"] if steady else []))
     if not run.completed and not run.killed:
         raise RuntimeError("probe of %s at batch %d failed without a kill (exit %s)" % (row.name, batch, run.exit_code))
@@ -296,7 +314,7 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
             if batch is None:
                 continue
             extra += ["--batch", str(batch)]
-        run = run_job(row, method, steps, daemon.endpoint, extra)
+        run = run_job(row, method, max(steps, row.min_steps), daemon.endpoint, extra)
         runs.append(run)
         log("  %-20s %s" % (method, summary_line(run, found["batch"])))
     result = {"row": asdict(row), "feasible": found, "runs": [dict(asdict(r), final_batch=r.final_batch(),
@@ -307,7 +325,8 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
         # (as long as the loader ran: workers grow with the batches they serve). And the batch
         # against the largest that runs beside the workers it chose.
         batch, chose = loader.batches[-1], loader.workers[-1]
-        more = run_job(replace(row, workers=chose + 1), "fixed", steps, None,
+        more_row = replace(row, workers=chose + 1)
+        more = run_job(more_row, "fixed", settled_steps(more_row, batch, steps), None,
                        ["--method", "fixed", "--batch", str(batch), "--steady-heap"])
         beside = feasible(replace(row, workers=chose), probe_steps, log, steady=True, guess=batch)
         result["workers_check"] = {"batch": batch, "loader_workers": chose, "one_more": chose + 1,

@@ -14,6 +14,7 @@ from memd.config import PolicyConfig
 from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
+from memd.policy.growth import growth
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, JobMemory, Snapshot
 from memd.sessions import Session
@@ -165,16 +166,20 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
 
 
 def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
-    """The job's workers as the policy needs them. Each worker's own memory (USS) is kept over
-    the last job reads: a worker that copies a Python-object dataset as it reads it (seed 004)
-    grows step by step, and one worker's cost is the most any reached this run, or was on its way
-    to reach within ``worker_horizon_seconds`` at the rate it grew. It is kept through a rebuild
-    of the loader: new workers start small and grow again. What the live workers will add before
-    the daemon can see it and the job act on it (``growth``, GROWTH_AHEAD at their rate) is held
-    back from the batch's budget in a shared pool: a job with four growing workers was planned a
-    batch that fit at the time, and the workers' growth killed it 8 steps later. The batch then
-    follows the workers down as they grow; counting their whole projected cost instead left a job
-    whose four workers each map 622 MiB at batch 1."""
+    """The job's workers as the policy needs them. A worker that copies a Python-object dataset
+    as it reads it (seed 004) grows step by step and levels off at a copy of it. One worker's
+    cost is the most of: what any worker reached this run (fresh ones copy the same dataset
+    again); what a live one is on its way to within ``worker_horizon_seconds`` at the rate it
+    grew (policy.growth), never more than its anonymous pages; and what the workers of a
+    rebuilt loader were on their way to, until a live worker has levelled off. Fresh workers
+    look cheap: taken at their own size, a loop that rebuilt its DataLoader at each change of
+    batch was planned 342 beside four of them, and killed at 526 when they grew. Once one has
+    levelled, its size is the evidence, and the projection of workers that died growing gives
+    way (it stood at the 0.6 GiB of anonymous memory they map, where they level near 0.33).
+    What the live workers will add before the daemon can see it and the job act on it
+    (``growth``, GROWTH_AHEAD at their rate) is held back from the batch's budget in a shared
+    pool: a job with four growing workers was planned a batch that fit at the time, and the
+    workers' growth killed it 8 steps later."""
     if job is not None and job.cpus:
         cpus = job.cpus / (session.local_world_size or 1)  # the node's ranks share its CPUs
     else:
@@ -184,25 +189,28 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
         session.workers_read = job.monotonic
         # A worker can come to own at most its anonymous pages by copying them (its libraries'
         # pages stay shared); RSS where they are unknown.
-        now = {p.pid: (p.uss_bytes if p.uss_bytes is not None else p.rss_bytes or 0,
-                       p.anon_bytes if p.anon_bytes is not None else p.rss_bytes or 0)
-               for p in job.processes if p.pid != job.pid}
-        for pid in list(session.worker_uss):
-            if pid not in now:
-                del session.worker_uss[pid]  # gone: a rebuilt loader forks new ones
-        growth = 0
-        for pid, (value, anon) in list(now.items())[:MAX_WORKERS]:
-            history = session.worker_uss.setdefault(pid, collections.deque(maxlen=WORKER_READS))
-            history.append((job.monotonic, value))
-            (t0, first), (t1, last) = history[0], history[-1]
-            rate = (last - first) / (t1 - t0) if t1 > t0 and last > first else 0.0
-            # Copying on access, a forked worker makes private at most the anonymous pages it maps
-            # (measured: RSS ~622 MiB each, flat, while their USS grew 87 -> 224 MiB; the first
-            # seconds' rate alone projected 2.7 GB, and RSS counts the libraries too).
-            bound = max(last, anon)
-            session.worker_cost = max(session.worker_cost, int(min(last + rate * cfg.worker_horizon_seconds, bound)))
-            growth += int(min(rate * GROWTH_AHEAD, bound - last))
-        session.worker_growth = growth
+        now = {p.pid: p for p in job.processes if p.pid != job.pid}
+        for pid in list(session.worker_reads):
+            if pid not in now:  # gone: a rebuilt loader forks new ones, which copy the same again
+                del session.worker_reads[pid]
+                session.worker_inherited = max(session.worker_inherited, session.worker_projected.pop(pid, 0))
+        ahead = projected = 0
+        levelled = False
+        for pid, proc in list(now.items())[:MAX_WORKERS]:
+            rss = proc.rss_bytes or 0
+            held = proc.uss_bytes if proc.uss_bytes is not None else rss
+            reads = session.worker_reads.setdefault(pid, collections.deque(maxlen=WORKER_READS))
+            reads.append((job.monotonic, proc.cpu_seconds, held))
+            course = growth(reads, proc.anon_bytes if proc.anon_bytes is not None else rss,
+                            cfg.worker_horizon_seconds)
+            session.worker_projected[pid] = course.projected
+            session.worker_reached = max(session.worker_reached, held)
+            projected, levelled = max(projected, course.projected), levelled or course.levelled
+            ahead += int(min(course.rate * GROWTH_AHEAD, course.projected - held))
+        if levelled:
+            session.worker_inherited = 0
+        session.worker_cost = max(session.worker_reached, projected, session.worker_inherited)
+        session.worker_growth = ahead
     return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes,
                        growth=session.worker_growth if job is not None else 0)
 

@@ -61,9 +61,13 @@ class Session:
     cpus: Optional[float] = None  # what the client said it may use (its affinity), before a job read
     local_world_size: Optional[int] = None  # ranks of the job on this node
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
-    # Each worker's (job read time, USS), and the most one reached or was growing to this run
-    # (planner.worker_facts)
-    worker_uss: Dict[int, Deque[Tuple[float, int]]] = field(default_factory=dict)
+    # The workers' course (planner.worker_facts): each live one's latest job reads (time, CPU
+    # seconds, USS) and projection; the most one reached this run; what the workers of a rebuilt
+    # loader were on their way to, until a live one levels off; one worker's cost from these.
+    worker_reads: Dict[int, Deque[Tuple[float, Optional[float], int]]] = field(default_factory=dict)
+    worker_projected: Dict[int, int] = field(default_factory=dict)
+    worker_reached: int = 0
+    worker_inherited: int = 0
     worker_cost: int = 0
     worker_growth: int = 0  # what the live workers are projected to add (planner.worker_facts)
     workers_read: Optional[float] = None  # the job read they were last updated from

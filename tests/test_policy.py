@@ -342,3 +342,20 @@ def test_worker_cpus_are_shared_among_the_nodes_ranks_once():
     job = JobMemory(pid=7, processes=(ProcessMemory(7, 1, "trainer", 1, None, None),), cgroup=None, errors=(),
                     monotonic=1.0, cpus=8.0)
     assert worker_facts(session, job, PolicyConfig()).cpus == 4.0
+
+
+def test_a_worker_has_levelled_off_only_when_it_worked_and_grew_little_for_it():
+    from memd.policy.growth import growth
+
+    MiB = 2 ** 20
+    growing = [(0.0, 1.0, 100 * MiB), (2.0, 2.0, 120 * MiB), (4.0, 3.0, 140 * MiB)]
+    course = growth(growing, 600 * MiB, 30.0)
+    assert not course.levelled and course.rate == 10 * MiB and course.projected == 440 * MiB
+    assert growth(growing, 300 * MiB, 30.0).projected == 300 * MiB  # never past its anonymous pages
+    paused = [(0.0, 5.0, 300 * MiB), (2.0, 5.0, 300 * MiB), (4.0, 5.01, 300 * MiB)]
+    assert not growth(paused, 600 * MiB, 30.0).levelled  # no work done: it may resume copying
+    done = [(0.0, 5.0, 330 * MiB), (2.0, 5.2, 330 * MiB), (4.0, 5.4, 330 * MiB + 2 ** 19)]  # +3.75 MiB in 30 s
+    assert growth(done, 600 * MiB, 30.0).levelled
+    assert not growth(done[:2], 600 * MiB, 30.0).levelled  # two reads say too little
+    unknown = [(t, None, b) for t, _, b in done]  # no CPU time (not Linux): never taken as levelled
+    assert not growth(unknown, 600 * MiB, 30.0).levelled

@@ -372,3 +372,43 @@ def test_the_line_is_drawn_near_the_largest_batch_where_the_curve_bends():
         assert curve.peak(batch) >= peak * MiB
     for batch, peak in run[1:]:  # and left of the batch sizes it was drawn through, every report
         assert curve.peak(batch) >= peak * MiB
+
+
+def test_workers_that_level_off_cost_their_level_and_fresh_ones_inherit_it():
+    """Real workers copying the workers shape's dataset (bench/trainjob.py), read every 2 s
+    (tests/data/worker_growth.json). Four at batch 64: USS 42-57 -> 228 MiB in 68 s, level at
+    306-315 MiB from about 200 s on. One at batch 600: 135 -> 295 MiB in 6 s (its rate projects
+    past the 614 MiB of anonymous memory it maps), level at 340 MiB from 45 s on. At every read the
+    cost, with a batch in flight (the plan counts prefetched batches apart: 32 KiB a sample),
+    covers what any worker holds 30 s later (the horizon); once they level, the cost is
+    their level, where it had stayed at the 0.6 GiB the first seconds projected; a rebuilt
+    loader's fresh workers cost what these reached."""
+    import json
+    import os
+
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import Session
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
+        traces = json.load(f)
+    for name, batch, level, anon in (("batch 64, 4 workers, 700 steps", 64, 314, 598),
+                                     ("batch 600, 1 worker, 60 steps", 600, 340, 614)):
+        reads = traces[name]
+        session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                          limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+
+        def read(at, workers, first_pid=8):
+            procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
+                ProcessMemory(first_pid + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB,
+                              anon_bytes=anon * MiB, cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
+            return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+
+        costs = [(at, read(at, workers).cost) for at, workers in reads]
+        for at, cost in costs:  # from the third read on (two give a rate), within a read's noise
+            later = [max(uss for _, uss, _ in workers) for t, workers in reads if at + 29 <= t <= at + 31]
+            assert not later or at < 8 or cost + batch * 32 * 1024 >= 0.98 * later[0] * MiB, (name, at, cost // MiB, later)
+        settled = [cost for at, cost in costs if at > costs[-1][0] / 2]
+        assert 0.98 * level * MiB <= min(settled) and max(settled) <= 1.05 * level * MiB, name  # not the 0.6 GiB
+        fresh = read(costs[-1][0] + 2, [(0.1, 45, anon)] * 2, first_pid=20)  # a rebuilt loader's new workers
+        assert fresh.cost >= level * MiB, name

@@ -212,7 +212,8 @@ def test_tree_of_fixture_proc(tmp_path):
                                    "Anonymous: 1200 kB\n")
     write(root, "10/task/10/children", "11 12")
     write(root, "10/task/13/children", "")
-    write(root, "11/stat", "11 (pt_data_worker (0)) S 10 10 10 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 600 0 0\n")
+    write(root, "11/stat", "11 (pt_data_worker (0)) S 10 10 10 0 -1 0 0 0 0 0 %d %d 0 0 20 0 1 0 600 0 0\n" % (
+        3 * procs.CLOCK_TICKS, procs.CLOCK_TICKS // 2))  # 3 s user, 0.5 s system
     write(root, "11/smaps_rollup", "Rss: 2500 kB\nPss: 1000 kB\nPrivate_Dirty: 200 kB\n")
     write(root, "11/task/11/children", "")
     # 12 vanished between the children read and its own read
@@ -223,6 +224,7 @@ def test_tree_of_fixture_proc(tmp_path):
         3000 * 1024, 2000 * 1024, 1000 * 1024)
     assert tree.processes[1].gpu_bytes == 5 * MB
     assert (tree.processes[0].anon_bytes, tree.processes[1].anon_bytes) == (1200 * 1024, None)
+    assert (tree.processes[0].cpu_seconds, tree.processes[1].cpu_seconds) == (0.0, 3.5)
     assert tree.errors == (("procs", "process 12 vanished during the scan"),)
     assert procs.process_start_time(10, root) == 500
 
@@ -235,7 +237,7 @@ def test_memd_sample_pid_reports_the_tree_with_gpu_field():
         data = json.loads(run_memd(["sample", "--json", "--pid", str(parent.pid)]).stdout)
         assert len(data["processes"]) == 2
         assert set(data["processes"][0]) == {"pid", "ppid", "name", "rss_bytes", "pss_bytes", "uss_bytes", "gpu_bytes",
-                                               "anon_bytes"}
+                                               "anon_bytes", "cpu_seconds"}
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()

@@ -21,6 +21,7 @@ NO_SMAPS_ROLLUP = "no smaps_rollup (kernel older than 4.14)"
 SMAPS_ROLLUP_DENIED = "smaps_rollup not readable (another user's process: memd needs CAP_SYS_PTRACE)"
 _PIDS_SHOWN = 8  # pids named in a tree-wide error; the count says how many in all
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/<pid>/stat's time unit
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def _read_process(pid: int, proc_root: str, detail: bool,
     smaps_rollup (a process that still has statm is on a kernel without smaps_rollup).
     """
     base = os.path.join(proc_root, str(pid))
-    ppid, name = _stat(base)
+    ppid, name, cpu = _stat(base)
     rss = pss = uss = anon = None
     why = None
     if detail:
@@ -109,7 +110,7 @@ def _read_process(pid: int, proc_root: str, detail: bool,
         rss = _statm_rss(base)
     gpu = gpu_bytes.get(pid) if gpu_bytes else None
     return ProcessMemory(pid=pid, ppid=ppid, name=name, rss_bytes=rss, pss_bytes=pss, uss_bytes=uss,
-                         gpu_bytes=gpu, anon_bytes=anon), why
+                         gpu_bytes=gpu, anon_bytes=anon, cpu_seconds=cpu), why
 
 
 def children(pid: int, proc_root: str = "/proc") -> List[int]:
@@ -137,13 +138,18 @@ def process_start_time(pid: int, proc_root: str = "/proc") -> Optional[int]:
         return None
 
 
-def _stat(base: str) -> Tuple[int, str]:
+def _stat(base: str) -> Tuple[int, str, Optional[float]]:
+    """(ppid, name, CPU seconds used: user + system)."""
     with open(os.path.join(base, "stat")) as f:
         text = f.read()
     # The name is in parentheses and may itself contain spaces and parentheses.
     name = text[text.index("(") + 1:text.rindex(")")]
     fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), name
+    try:
+        cpu: Optional[float] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (IndexError, ValueError):
+        cpu = None
+    return int(fields[1]), name, cpu
 
 
 def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int], Optional[int]]:

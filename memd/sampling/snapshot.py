@@ -84,6 +84,9 @@ class ProcessMemory:
     # Anonymous pages mapped (heap, stacks), shared copy-on-write ones included: all that a forked
     # worker can come to own by writing to them; its library pages stay shared.
     anon_bytes: Optional[int] = None
+    # CPU seconds it has used (user + system): a worker copies a dataset as it works, so its
+    # growth is followed against its work, and a paused worker is not taken for a levelled one.
+    cpu_seconds: Optional[float] = None
 
 
 @dataclass(frozen=True)

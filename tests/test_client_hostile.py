@@ -107,3 +107,25 @@ def test_a_wellformed_reply_after_garbage_is_taken():
             assert plans[-1].source == "daemon" and plans[-1].batch_size == 8
     finally:
         close()
+
+
+def test_a_stranger_on_the_socket_cannot_push_a_job_past_its_own_limits():
+    """Whoever answers where the daemon should be steers the job's memory (another user can bind
+    /tmp/memd-$UID first when XDG_RUNTIME_DIR is unset). The plan it hands out is kept to the
+    job's own limits: batch within min/max (the effective batch kept), no more workers than the
+    job asked for, served from cache for seconds, not the hour it claimed."""
+    greedy = dict(GOOD_PLAN, batch_size=100000, effective_batch_size=100000, num_workers=64, prefetch_factor=8,
+                  fresh_for=3600.0)
+    endpoint, close = reply_with(lambda r: [ok(r, {"token": "t", "plan": greedy})])
+    try:
+        with client.Session("victim", endpoint=endpoint, timeout=0.2, max_batch=64, target_effective_batch=256,
+                            num_workers=2) as s:
+            plan = s.plan()
+            assert plan.source == "daemon"
+            assert (plan.batch_size, plan.grad_accum_steps, plan.effective_batch_size) == (64, 4, 256)
+            assert (plan.num_workers, plan.prefetch_factor) == (2, 8) and plan.fresh_for == 10.0
+            assert "the daemon's batch 100000 and 64 workers kept to this job's limits" in plan.reason
+        with client.Session("tiny", endpoint=endpoint, timeout=0.2, min_batch=4, max_batch=100000) as s:
+            assert s.plan().batch_size == 100000  # within its limits: taken as it came
+    finally:
+        close()

@@ -29,7 +29,7 @@ import zmq
 
 from . import protocol
 from .heap import StepTrimmer, steady_heap, trim_heap
-from .plan import Plan, fallback_plan, split_batch
+from .plan import Plan, fallback_plan, split_batch, within_limits
 
 __all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable", "trim_heap",
            "steady_heap"]
@@ -399,7 +399,9 @@ class Session:
         freshness: how long ago it was made is unknown."""
         if "plan" not in result:
             return
-        plan = Plan.from_wire(result["plan"], source="daemon")
+        asked = self.hints.get("num_workers")
+        plan = within_limits(Plan.from_wire(result["plan"], source="daemon"), self.min_batch, self.max_batch,
+                             self.target_effective_batch, asked if isinstance(asked, int) else max(1, usable_cpus() or 1))
         self._plan = plan
         if not late:
             self._plan_expires = time.monotonic() + plan.fresh_for

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Tuple
 
 PRESSURE_LEVELS = ("ok", "elevated", "high", "critical")
@@ -16,6 +16,8 @@ SOURCES = ("daemon", "fallback")
 #: 2**32 completely (the protocol's limit is 2**31 - 1); a larger one is searched this far and no
 #: further, so no number a caller passes can keep the daemon or a training loop busy.
 DIVISOR_CHECKS = 1 << 17
+#: Seconds a plan is served from the client's cache at most, whatever the daemon said (it says 1).
+MAX_FRESH = 10.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,30 @@ def split_batch(limit: int, target: Optional[int], min_batch: int = 1) -> Tuple[
             target, min_batch, limit, DIVISOR_CHECKS, limit * steps)
     return limit, steps, "no divisor of target %d fits between %d and %d: effective batch is %d" % (
         target, min_batch, limit, limit * steps)
+
+
+def within_limits(plan: Plan, min_batch: int, max_batch: Optional[int], target_effective_batch: Optional[int],
+                  max_workers: int) -> Plan:
+    """A plan kept to the job's own limits. memd's daemon keeps them already; the client checks
+    anyway, because whoever answers on the socket steers the job's memory: a stranger listening
+    where the daemon should be handed a job with ``max_batch=64`` batch 100000, 64 workers and a
+    plan fresh for an hour. ``max_workers``: what the job asked for, else the CPUs it may use."""
+    changes: Dict[str, Any] = {}
+    kept = []
+    batch = plan.batch_size
+    if batch < min_batch or (max_batch is not None and batch > max_batch):
+        limit = max(min_batch, batch if max_batch is None else min(batch, max_batch))
+        batch, steps, _ = split_batch(limit, target_effective_batch, min_batch)
+        changes.update(batch_size=batch, grad_accum_steps=steps, effective_batch_size=batch * steps)
+        kept.append("batch %d" % plan.batch_size)
+    if plan.num_workers > max_workers:
+        changes.update(num_workers=max_workers, prefetch_factor=plan.prefetch_factor if max_workers else None)
+        kept.append("%d workers" % plan.num_workers)
+    if plan.fresh_for > MAX_FRESH:
+        changes["fresh_for"] = MAX_FRESH
+    if kept:
+        changes["reason"] = "%s; the daemon's %s kept to this job's limits" % (plan.reason, " and ".join(kept))
+    return replace(plan, **changes) if changes else plan
 
 
 def fallback_plan(

@@ -129,3 +129,35 @@ def test_a_stranger_on_the_socket_cannot_push_a_job_past_its_own_limits():
             assert s.plan().batch_size == 100000  # within its limits: taken as it came
     finally:
         close()
+
+
+def test_a_socket_another_user_made_where_anyone_may_is_not_trusted(tmp_path):
+    """With XDG_RUNTIME_DIR unset the per-user socket lives in /tmp/memd-$UID, and another user
+    can make that directory first and answer as memd. Such a socket is refused with a clear
+    reason (a fallback plan, an error from call()); one this user owns, or one made where only
+    privilege could make it, is used. (The other user is uid 65534, nobody; the test runs as root.)"""
+    import os
+
+    if os.getuid() != 0:
+        pytest.skip("making a directory another user owns needs root")
+    public = tmp_path / "tmp"
+    public.mkdir()
+    public.chmod(0o1777)  # like /tmp
+    squatted = public / "memd-0"
+    squatted.mkdir()
+    os.chown(squatted, 65534, 65534)
+    endpoint = "ipc://%s/memd.sock" % squatted
+    with client.Session("careful", endpoint=endpoint, timeout=0.1, default_batch=8) as s:
+        plan = s.plan()
+        assert plan.source == "fallback" and plan.batch_size == 8
+        assert "socket directory %s belongs to uid 65534, not to this user or root: not trusted" % squatted in plan.reason
+    with pytest.raises(client.DaemonUnavailable, match="not trusted"):
+        client.call("ping", endpoint=endpoint)
+    private = tmp_path / "run"
+    private.mkdir(mode=0o755)  # like /run: only privilege makes a directory here
+    service = private / "memd"
+    service.mkdir()
+    os.chown(service, 65534, 65534)
+    with pytest.raises(client.DaemonUnavailable, match="no daemon socket"):  # trusted: looked for, not there
+        client.call("ping", endpoint="ipc://%s/memd.sock" % service)
+    assert client.protocol.stranger("ipc://%s/memd.sock" % public) is None  # nothing there yet

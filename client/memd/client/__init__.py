@@ -268,6 +268,9 @@ class Session:
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
+            why = protocol.stranger(self.endpoint)
+            if why:
+                raise _Unavailable("%s: not trusted" % why)
             self._ctx = zmq.Context(io_threads=1)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -662,6 +665,9 @@ def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, **fields
     Training loops should use Session, which never raises; this is the plain primitive.
     """
     endpoint = endpoint or protocol.default_endpoint()
+    why = protocol.stranger(endpoint)
+    if why:
+        raise DaemonUnavailable("%s: not trusted" % why)
     path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
     if path and not path.startswith("@") and not os.path.exists(path):
         raise DaemonUnavailable("no daemon socket at %s" % path)

@@ -9,6 +9,7 @@ the daemon (which depends on this distribution) so the two ends cannot drift apa
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Dict, Optional
 
 import msgpack
@@ -99,6 +100,31 @@ def user_socket_path(environ: Optional[Dict[str, str]] = None) -> str:
     if runtime:
         return os.path.join(runtime, "memd.sock")
     return "/tmp/memd-%d/memd.sock" % os.getuid()
+
+
+def stranger(endpoint: str) -> Optional[str]:
+    """Why the socket of an ``ipc://`` endpoint cannot be the daemon's, or None.
+
+    Whoever answers on the socket steers the job's memory. Where anyone may create files (the
+    per-user /tmp/memd-$UID when XDG_RUNTIME_DIR is unset), another user can make the directory
+    or the socket first and answer as memd: they are trusted only when this user or root owns
+    them. A directory made elsewhere (/run/memd by systemd) took privilege to make.
+    """
+    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
+        return None  # TCP (CURVE's business) or an abstract socket
+    path = os.path.abspath(endpoint[len("ipc://"):])
+    directory = os.path.dirname(path)
+    trusted = (os.getuid(), 0)
+    try:
+        here = os.stat(directory)
+        if here.st_mode & stat.S_IWOTH:  # anyone may make the socket itself
+            owner = os.lstat(path).st_uid
+            return None if owner in trusted else "socket %s belongs to uid %d, not to this user or root" % (path, owner)
+        if here.st_uid not in trusted and os.stat(os.path.dirname(directory)).st_mode & stat.S_IWOTH:
+            return "socket directory %s belongs to uid %d, not to this user or root" % (directory, here.st_uid)
+    except OSError:
+        return None  # nothing there: connecting finds no daemon, and says so
+    return None
 
 
 def encode(message: Dict[str, Any]) -> bytes:

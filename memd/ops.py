@@ -130,7 +130,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
                                   settling=session.latest_batch is not None and batch != session.latest_batch)
         if len(session.observations) == 1:  # the first report after the warm-up step
             check_remembered(session, observation)
-        session.observations.append(observation)
+        session.observe(observation)
         session.latest_peak, session.latest_batch = peak, batch
         session.note_peak(core.clock(), peak)
     session.reports += 1

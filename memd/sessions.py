@@ -47,7 +47,7 @@ class Session:
     hints: Dict[str, object] = field(default_factory=dict)
     prior: Optional[Prior] = None
     remembered: List[Observation] = field(default_factory=list)  # from an earlier run of this job
-    observations: Deque[Observation] = field(default_factory=lambda: collections.deque(maxlen=HISTORY))
+    observations: List[Observation] = field(default_factory=list)  # in order; see observe()
     state: ControlState = field(default_factory=ControlState)
     plan: Optional[Plan] = None
     pool: Optional[str] = None  # the pool of the last decision ("host" or a GPU uuid)
@@ -78,6 +78,18 @@ class Session:
     ooms: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
     remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
+
+    def observe(self, observation: Observation) -> None:
+        """Keep a report, at most HISTORY of them. When full, the oldest report of the batch size
+        with the most goes: a curve needs batch sizes more than repeats of one. Dropping the oldest
+        of all, a loader that ran 250 steps at batch 1 forgot its steps at 32, and the one batch
+        size left bounded a sample at the whole process (0.69 GiB): it stayed at 1 for good."""
+        if len(self.observations) >= HISTORY:
+            counts = collections.Counter(o.batch for o in self.observations)
+            most = max(counts.values())
+            victim = next(i for i, o in enumerate(self.observations) if counts[o.batch] == most)
+            del self.observations[victim]
+        self.observations.append(observation)
 
     def note_peak(self, when: float, peak: int) -> None:
         previous = self.held[-1][1] if self.held else 0

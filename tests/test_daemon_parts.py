@@ -332,3 +332,27 @@ def test_growth_waits_for_the_planned_batch_to_run(tmp_path):
     assert step(64) == planned and "until a second step there" in session.plan.reason  # prefetched at 64
     step(planned)
     assert step(planned) > planned  # it ran twice at the planned batch: growth goes on
+
+
+def test_a_session_long_at_one_batch_keeps_the_other_batch_sizes_it_saw():
+    """The benchmark's loader was cut to batch 1 after three steps at 32 and, its steps taking
+    milliseconds, reported 250 of them before its budget came back. Keeping the latest 64
+    reports, it forgot 32, and the one batch size left bounded a sample at the whole process:
+    it stayed at 1. The session keeps at most 64 reports, and drops repeats of the most
+    reported batch size first."""
+    from memd.policy.fit import fit
+    from memd.policy.controller import Limits
+    from memd.sessions import HISTORY, Session
+
+    MiB = 2 ** 20
+    session = Session(token="t", sid=1, job="loader", pid=7, host="h", local=True, start_time=None,
+                      limits=Limits(), created=0.0, last_seen=0.0)
+    for i, peak in enumerate((732, 734, 734)):
+        session.observe(Observation(32, peak * MiB, warmup=i == 0))
+    for i in range(250):
+        session.observe(Observation(1, 704 * MiB, settling=i == 0))
+    assert len(session.observations) == HISTORY
+    assert [o.peak_bytes // MiB for o in session.observations if o.batch == 32] == [732, 734, 734]
+    assert session.observations[-1].batch == 1
+    curve = fit(session.observations, kills=True)
+    assert curve.source == "fit" and curve.batch_sizes == 2 and curve.max_batch(950 * MiB) > 100

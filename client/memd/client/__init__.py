@@ -15,6 +15,7 @@ imports pyzmq and msgpack and nothing of the daemon's.
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import operator
 import os
@@ -567,9 +568,31 @@ def usable_cpus() -> Optional[int]:
     return max(1, cpus // int(ranks)) if ranks.isdigit() and int(ranks) > 0 and cpus else (cpus or None)
 
 
-def _default_job() -> str:
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return argv0 or "python"
+def _default_job(argv: Optional[list] = None, main: Any = None, orig_argv: Optional[list] = None) -> str:
+    """The name a job's curves are kept under when it gives none: its script's file name
+    (``train.py``); under ``python -m`` the module's name (``pkg.train``, a package's
+    ``__main__`` named by its package: argv[0] is then the module's full path, not a name);
+    under ``python -c`` "python-c:" and a hash of the command, so that one command run again
+    finds what it learned and two different ones do not share a curve ("python-c" where Python
+    keeps no copy of the command, before 3.10); "python" at the interactive prompt. Never "-c":
+    every one-liner on a machine would share one curve under it."""
+    argv = sys.argv if argv is None else argv
+    main = sys.modules.get("__main__") if main is None else main
+    first = argv[0] if argv else ""
+    spec = getattr(main, "__spec__", None)
+    module = getattr(spec, "name", None)
+    if isinstance(module, str) and module and module != "__main__":  # python -m
+        if module.endswith(".__main__"):
+            module = module[:-len(".__main__")]
+        return module
+    if first == "-c":
+        orig = getattr(sys, "orig_argv", None) if orig_argv is None else orig_argv
+        command = orig[orig.index("-c") + 1] if orig and "-c" in orig[:-1] else None
+        if command is None:
+            return "python-c"
+        return "python-c:%s" % hashlib.sha256(command.encode("utf-8", "replace")).hexdigest()[:12]
+    name = os.path.basename(first) if first not in ("", "-") else ""
+    return name or "python"
 
 
 def _distributed_identity() -> Dict[str, Any]:

@@ -42,7 +42,10 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     local_world_size (int >= 1), cpus (number: CPUs the client may run on), device (str, e.g.
     "cuda:0"), device_uuid (str), cuda_visible_devices (str), hints (map of scalars:
     num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...; a number outside its
-    protocol.HINT_RANGES range is ignored).
+    protocol.HINT_RANGES range is ignored), nonce (str of 16 to 64 characters: the client
+    Session's own secret; a hello whose nonce, pid and host match an open session's is
+    answered with that session, its token and plan, so a retry after a lost reply opens no
+    second session).
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
     """
@@ -69,10 +72,22 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         raise Invalid("rank %d is not below world_size %d" % (rank, world_size))
     _int(req, "local_rank")
     host = _str(req, "host", required=True, limit=255)
+    job = _str(req, "job", required=True, limit=128)
+    nonce = _str(req, "nonce", limit=64)
+    if nonce is not None and len(nonce) < 16:
+        raise Invalid("nonce must be a string of 16 to 64 characters")
     local = host == core.host and os.path.exists(os.path.join(core.proc_root, str(pid)))
     snapshot = _snapshot(core)
+    earlier = core.sessions.find(host, pid, nonce) if nonce is not None else None
+    if earlier is not None:  # the same client Session again: its earlier hello's reply was lost
+        if earlier.job != job:
+            raise Invalid("this nonce belongs to a session of another job")
+        return {"token": earlier.token, "plan": _decide(core, earlier).plan.to_wire(),
+                "session_ttl": core.config.session_ttl}
+    if core.sessions.full():
+        expire(core)  # the dead make room, and are remembered and counted as ever
     session = core.sessions.open(
-        job=_str(req, "job", required=True, limit=128), pid=pid, host=host, local=local,
+        job=job, nonce=nonce, pid=pid, host=host, local=local,
         start_time=procs.process_start_time(pid, core.proc_root) if local else None, limits=limits,
         rank=rank, world_size=world_size,
         device=_str(req, "device", limit=64), device_uuid=_str(req, "device_uuid", limit=96),
@@ -162,8 +177,7 @@ def bye(core: Core, req: Dict[str, Any]) -> Result:
     token = req.get("token")
     session = core.sessions.close(token) if isinstance(token, str) else None
     if session is not None:
-        core.epoch += 1
-        remember(core, session)
+        end(core, session, "bye")
     return {}
 
 
@@ -194,6 +208,24 @@ HANDLERS: Dict[str, Callable[[Core, Dict[str, Any]], Result]] = {
     "hello": hello, "plan": plan, "report": report, "oom": oom, "bye": bye, "status": status, "ping": ping,
 }
 assert set(HANDLERS) == set(protocol.OPS)
+
+
+def end(core: Core, session: Session, why: str) -> None:
+    """What ending a session means, however it ends ("bye", or "expired": silent past the ttl
+    or its process gone, found by housekeeping or by a hello that needed the room): the other
+    sessions of its pool decide again, and what it learned is kept for the job's next run.
+    Expired at a hello, sessions were once dropped unremembered and uncounted."""
+    core.epoch += 1
+    remember(core, session)
+    if why != "bye":  # a bye is the client's to repeat at will: not a line in the log each
+        core.sessions_expired += 1
+        log.info("session expired", job=session.job, pid=session.pid, session=session.sid, reports=session.reports)
+
+
+def expire(core: Core) -> None:
+    """End the sessions that are over (Sessions.expire)."""
+    for session in core.sessions.expire():
+        end(core, session, "expired")
 
 
 def remember(core: Core, session: Session) -> None:

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import operator
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -248,6 +249,9 @@ class Session:
         self._rcvtimeo = 0
         self._fresh_socket = False
         self._token: Optional[str] = None
+        # This Session's secret for the daemon: a hello retried after its reply was lost finds the
+        # session the first one opened, instead of opening a second that halves the job's share.
+        self._nonce = secrets.token_urlsafe(24)
         self._plan: Optional[Plan] = None
         self._plan_expires = 0.0
         self._retry_at = 0.0
@@ -290,18 +294,20 @@ class Session:
     def _ensure_session(self, deadline: float) -> None:
         if self._token is not None:
             return
-        result = self._call("hello", deadline, **self._hello_fields())
-        token = result.get("token") if isinstance(result, dict) else None
-        if not isinstance(token, str):
-            raise _Unavailable("hello reply carried no token")
-        self._token = token
-        self._accept(result)
+        self._drain()  # the reply to a hello that timed out may be here by now: its token is ours
+        if self._token is None:
+            result = self._call("hello", deadline, **self._hello_fields())
+            token = result.get("token") if isinstance(result, dict) else None
+            if not isinstance(token, str):
+                raise _Unavailable("hello reply carried no token")
+            self._token = token
+            self._accept(result)
         self._flush_pending()
 
     def _hello_fields(self) -> Dict[str, Any]:
         fields: Dict[str, Any] = {
             "job": self.job, "pid": os.getpid(), "host": socket.gethostname(),
-            "min_batch": self.min_batch, "hints": self.hints,
+            "min_batch": self.min_batch, "hints": self.hints, "nonce": self._nonce,
         }
         for name in ("max_batch", "default_batch", "target_effective_batch"):
             if getattr(self, name) is not None:

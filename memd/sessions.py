@@ -19,6 +19,7 @@ from typing import Callable, Deque, Dict, Iterator, List, Optional, Tuple
 from memd.client.plan import Plan
 from memd.policy.controller import ControlState, Limits
 from memd.policy.fit import Observation, Prior
+from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
 
@@ -65,6 +66,8 @@ class Session:
     cpus: Optional[float] = None  # what the client said it may use (its affinity), before a job read
     local_world_size: Optional[int] = None  # ranks of the job on this node
     nonce: Optional[str] = None  # the client Session's own secret: a retried hello finds this session
+    cgroup: Optional[Cgroup] = None  # the job's memory cgroup as read at hello (None: not local, unreadable)
+    pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
     # The workers' course (planner.worker_facts): each live one's latest job reads (time, CPU
     # seconds, USS) and projection; the most one reached this run; what the workers of a rebuilt

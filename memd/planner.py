@@ -155,9 +155,10 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # on a loaded machine): its cgroup is unknown, and a CNN in a 1 GiB group budgeted from the
     # machine's 20 GB after three steps was planned 1776 where 665 fits, and killed. Before its
     # first report, the cgroup read at hello bounds it (its usage then is counted as used: the
-    # budget errs low), so a job memd remembers starts from its curve, not from its default.
+    # budget errs low), so a job memd remembers starts from its curve, not from its default;
+    # not on a machine with GPUs, where a host pool means its GPU is not known yet.
     unread = session.local and pool.name == budget.HOST and (job is None or not job.alive) and (
-        session.cgroup is None or bool(session.observations))
+        session.cgroup is None or bool(session.observations) or snapshot.memory_model == DISCRETE)
     # After an out-of-memory error, what the job holds is unknown until its next report, and the
     # pool's free memory cannot be paired with it: the budget paired before stands. Taken as 0,
     # the simulated job near capacity was budgeted without its own 30 GiB and cut to 5 where 21

@@ -95,7 +95,8 @@ def gpu_snapshot(*gpus):
 
 
 def session(**fields):
-    return Session(token="t", sid=1, job="j", pid=PID, host="h", local=True, start_time=None, limits=Limits(),
+    fields.setdefault("limits", Limits())
+    return Session(token="t", sid=1, job="j", pid=PID, host="h", local=True, start_time=None,
                    created=0.0, last_seen=0.0, **fields)
 
 
@@ -123,3 +124,17 @@ def test_a_gpu_unknown_at_hello_is_keyed_by_the_gpu_it_is_first_seen_on():
     plan_session(s, gpu_snapshot(gpu(0, "GPU-a", pids=(PID,)), gpu(1, "GPU-c", "A100", 40 * GB)), "ok", [s],
                  {PID: job}, CFG)
     assert s.pool_key == "gpu:A100:%d" % (40 * GB)  # kept: one key per session
+
+
+def test_a_gpu_job_whose_gpu_is_not_known_yet_is_not_planned_from_host_ram():
+    """Its cgroup read at hello bounds a host job's first plan; on a machine with GPUs a host
+    pool only means the job's GPU is unknown, and its remembered curve (GPU bytes) must not be
+    budgeted from the host's 900 GB: the plan holds until its memory is read."""
+    from memd.policy.fit import Observation
+    from memd.sampling.snapshot import Cgroup
+
+    s = session(cgroup=Cgroup(1, "/", None, GB), limits=Limits(default_batch=8))
+    s.remembered = [Observation(8, 10 * GB), Observation(16, 18 * GB)]
+    mixed = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB))
+    plan = plan_session(s, mixed, "ok", [s], {}, CFG).plan
+    assert plan.batch_size == 8 and "has not been read yet" in plan.reason, plan

@@ -4,6 +4,7 @@ a restart, starts from its curve within its cgroup."""
 import json
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -58,7 +59,7 @@ def sessions_end(memd):
 def test_a_job_in_a_small_cgroup_finds_its_curve_on_the_same_daemon_and_after_a_restart(memd):
     if memd.call("status")["snapshot"]["memory_model"] != "cpu":
         pytest.skip("the job's pool here is a GPU or unified memory, not its cgroup's share of host RAM")
-    with memcg.MemoryCgroup(2 * GiB) as cg:
+    with memcg.MemoryCgroup(2 * GiB, name="memd-test-identity-%s" % uuid.uuid4().hex[:10]) as cg:  # removed on exit
         learned = run_job(cg, memd, learn=True)
         assert learned["batch_size"] == 1 and "no reports yet" in learned["reason"], learned  # a stranger
         sessions_end(memd)

@@ -193,11 +193,7 @@ class Daemon:
                 session.remembered_mark = mark
 
     def _expire(self) -> None:
-        for session in self.core.sessions.expire():
-            self.core.sessions_expired += 1
-            self.core.epoch += 1
-            ops.remember(self.core, session)
-            log.info("session expired", job=session.job, pid=session.pid, reports=session.reports)
+        ops.expire(self.core)
 
     def _apply_reload(self) -> None:
         if self.reload_config is None:

@@ -13,12 +13,13 @@ import structlog
 
 from memd.client import protocol
 from memd.core import VERSION, Core
-from memd.planner import check_remembered, plan_session, pool_for, pool_key, prior_from_hints
+from memd.planner import check_remembered, identify, plan_session, prior_from_hints
 from memd.policy.budget import HOST, job_pids
 from memd.policy.controller import ControlState, Limits, after_oom, after_report
 from memd.policy.fit import Observation
+from memd.sampling import cgroup as cgroups
 from memd.sampling import procs
-from memd.sampling.snapshot import as_json
+from memd.sampling.snapshot import Cgroup, as_json
 from memd.sessions import Session
 
 Result = Dict[str, Any]
@@ -42,7 +43,10 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     local_world_size (int >= 1), cpus (number: CPUs the client may run on), device (str, e.g.
     "cuda:0"), device_uuid (str), cuda_visible_devices (str), hints (map of scalars:
     num_workers, prefetch_factor, fixed_bytes, per_sample_bytes, ...; a number outside its
-    protocol.HINT_RANGES range is ignored).
+    protocol.HINT_RANGES range is ignored), nonce (str of 16 to 64 characters: the client
+    Session's own secret; a hello whose nonce, pid and host match an open session's is
+    answered with that session, its token and plan, so a retry after a lost reply opens no
+    second session).
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
     """
@@ -69,10 +73,22 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         raise Invalid("rank %d is not below world_size %d" % (rank, world_size))
     _int(req, "local_rank")
     host = _str(req, "host", required=True, limit=255)
+    job = _str(req, "job", required=True, limit=128)
+    nonce = _str(req, "nonce", limit=64)
+    if nonce is not None and len(nonce) < 16:
+        raise Invalid("nonce must be a string of 16 to 64 characters")
     local = host == core.host and os.path.exists(os.path.join(core.proc_root, str(pid)))
     snapshot = _snapshot(core)
+    earlier = core.sessions.find(host, pid, nonce) if nonce is not None else None
+    if earlier is not None:  # the same client Session again: its earlier hello's reply was lost
+        if earlier.job != job:
+            raise Invalid("this nonce belongs to a session of another job")
+        return {"token": earlier.token, "plan": _decide(core, earlier).plan.to_wire(),
+                "session_ttl": core.config.session_ttl}
+    if core.sessions.full():
+        expire(core)  # the dead make room, and are remembered and counted as ever
     session = core.sessions.open(
-        job=_str(req, "job", required=True, limit=128), pid=pid, host=host, local=local,
+        job=job, nonce=nonce, pid=pid, host=host, local=local, cgroup=_job_cgroup(core, pid) if local else None,
         start_time=procs.process_start_time(pid, core.proc_root) if local else None, limits=limits,
         rank=rank, world_size=world_size,
         device=_str(req, "device", limit=64), device_uuid=_str(req, "device_uuid", limit=96),
@@ -85,8 +101,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,
                     held_back=held)
     core.epoch += 1
-    pool = pool_for(session, snapshot, None, core.config.policy)
-    memory = core.store.recall(session.job, pool_key(pool, snapshot))
+    session.pool_key = identify(session, snapshot, core.config.policy)
+    memory = core.store.recall(session.job, session.pool_key) if session.pool_key is not None else None
     if memory is not None:
         session.remembered = list(memory.observations)
         if memory.ceiling is not None:  # the last run ran out of memory above it: start below
@@ -162,8 +178,7 @@ def bye(core: Core, req: Dict[str, Any]) -> Result:
     token = req.get("token")
     session = core.sessions.close(token) if isinstance(token, str) else None
     if session is not None:
-        core.epoch += 1
-        remember(core, session)
+        end(core, session, "bye")
     return {}
 
 
@@ -172,7 +187,8 @@ def status(core: Core, req: Dict[str, Any]) -> Result:
 
     Request: nothing. Reply: version, host, uptime_seconds, pressure_level, snapshot (the
     `memd sample --json` fields), sessions: [{job, pid, host, rank, pool, reports, ooms,
-    latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, plan}].
+    latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, ceiling, plan, pool_key (what
+    its curve is remembered under; null while its GPU cannot be told)}].
     """
     snapshot = core.snapshot
     return {
@@ -196,14 +212,31 @@ HANDLERS: Dict[str, Callable[[Core, Dict[str, Any]], Result]] = {
 assert set(HANDLERS) == set(protocol.OPS)
 
 
+def end(core: Core, session: Session, why: str) -> None:
+    """What ending a session means, however it ends ("bye", or "expired": silent past the ttl
+    or its process gone, found by housekeeping or by a hello that needed the room): the other
+    sessions of its pool decide again, and what it learned is kept for the job's next run.
+    Expired at a hello, sessions were once dropped unremembered and uncounted."""
+    core.epoch += 1
+    remember(core, session)
+    if why != "bye":  # a bye is the client's to repeat at will: not a line in the log each
+        core.sessions_expired += 1
+        log.info("session expired", job=session.job, pid=session.pid, session=session.sid, reports=session.reports)
+
+
+def expire(core: Core) -> None:
+    """End the sessions that are over (Sessions.expire)."""
+    for session in core.sessions.expire():
+        end(core, session, "expired")
+
+
 def remember(core: Core, session: Session) -> None:
-    """Keep a session's observations (and OOM ceiling) for the job's next run."""
-    snapshot = core.snapshot
-    if snapshot is None or session.pool is None or (not session.observations and session.state.ceiling is None):
+    """Keep a session's observations (and OOM ceiling) for the job's next run, under the pool
+    key its hello looked them up with (planner.identify)."""
+    if session.pool_key is None or (not session.observations and session.state.ceiling is None):
         return
-    pool = pool_for(session, snapshot, core.jobs.get(session.pid), core.config.policy)
     learned = [o for o in session.observations if not o.warmup]
-    core.store.remember(session.job, pool_key(pool, snapshot), learned, session.state.ceiling)
+    core.store.remember(session.job, session.pool_key, learned, session.state.ceiling)
 
 
 def _decide(core: Core, session: Session):
@@ -232,6 +265,17 @@ def _snapshot(core: Core):
     return core.snapshot
 
 
+def _job_cgroup(core: Core, pid: int) -> Optional[Cgroup]:
+    """The job's own memory cgroup, read as it says hello (through /proc/PID/cgroup, as the
+    sampler reads it): the pool its curves are kept under and its first plan's bound, known
+    before its first sample. None when there is none or it cannot be read (counted)."""
+    try:
+        return cgroups.read_cgroup(pid, core.proc_root)
+    except (OSError, ValueError, KeyError, IndexError):
+        core.sample_errors["cgroup"] += 1
+        return None
+
+
 def _measure_peak(core: Core, session: Session) -> Optional[int]:
     """The job's peak since its last report, measured here: on a GPU pool what NVML attributes
     to the job's processes on that GPU (it includes what PyTorch's allocator keeps reserved);
@@ -254,7 +298,7 @@ def _measure_peak(core: Core, session: Session) -> Optional[int]:
 
 def _session_view(s: Session) -> Result:
     return {
-        "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool,
+        "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool, "pool_key": s.pool_key,
         "reports": s.reports, "ooms": s.ooms, "latest_batch": s.latest_batch,
         "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes,
         "predicted_peak_bytes": int(s.predicted_peak_bytes) if s.predicted_peak_bytes is not None else None,

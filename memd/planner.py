@@ -16,7 +16,7 @@ from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.growth import growth
 from memd.policy.pressure import rank
-from memd.sampling.snapshot import DISCRETE, JobMemory, Snapshot
+from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
 from memd.sessions import Session
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
@@ -33,15 +33,37 @@ def pool_for(session: Session, snapshot: Snapshot, job: Optional[JobMemory], cfg
         pool = budget.gpu_pool(gpu, job, cfg) if gpu is not None else None
         if pool is not None:
             return pool
-    return budget.host_pool(snapshot, job, cfg)
+    return budget.host_pool(snapshot, job, cfg, session.cgroup)
 
 
 def pool_key(pool: budget.Pool, snapshot: Snapshot) -> str:
     """What must match for a remembered curve to apply: the same kind and size of pool."""
     for gpu in snapshot.gpus:
         if gpu.uuid == pool.name:
-            return "gpu:%s:%d" % (gpu.name, gpu.total_bytes or 0)
+            return gpu_key(gpu)
     return "%s:%d" % (pool.kind, pool.capacity_bytes // 2 ** 30)
+
+
+def gpu_key(gpu: Gpu) -> str:
+    return "gpu:%s:%d" % (gpu.name, gpu.total_bytes or 0)
+
+
+def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optional[str]:
+    """The pool key a job's curves are looked up and saved under, from what is known when it
+    says hello: its own cgroup (read then, ``session.cgroup``) on the host, the GPU it names
+    on a discrete machine (else the only one, or the one its process already uses; else any,
+    when the host's GPUs are all alike). None when that GPU cannot be told yet: plan_session
+    keys the session by the GPU it is first seen on. Looked up at hello before the job's
+    cgroup was known and saved with it later, an 8 GB cgroup on a 64 GB host read cpu:59 and
+    wrote cpu:7, and every run started from nothing."""
+    if snapshot.memory_model == DISCRETE:
+        gpu = budget.find_gpu(snapshot.gpus, session.device_uuid, session.device, session.visible_devices,
+                              [session.pid])
+        if gpu is not None and gpu.name:
+            return gpu_key(gpu)
+        alike = {gpu_key(g) for g in snapshot.gpus if g.name and g.total_bytes}
+        return alike.pop() if len(alike) == 1 else None
+    return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot)
 
 
 def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session], at: float) -> int:
@@ -131,8 +153,12 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     gpu_gone = session.pool not in (None, budget.HOST) and pool.name != session.pool
     # Nor a job on this host whose memory has not been read yet (the sampler is a step behind
     # on a loaded machine): its cgroup is unknown, and a CNN in a 1 GiB group budgeted from the
-    # machine's 20 GB after three steps was planned 1776 where 665 fits, and killed.
-    unread = session.local and pool.name == budget.HOST and (job is None or not job.alive)
+    # machine's 20 GB after three steps was planned 1776 where 665 fits, and killed. Before its
+    # first report, the cgroup read at hello bounds it (its usage then is counted as used: the
+    # budget errs low), so a job memd remembers starts from its curve, not from its default;
+    # not on a machine with GPUs, where a host pool means its GPU is not known yet.
+    unread = session.local and pool.name == budget.HOST and (job is None or not job.alive) and (
+        session.cgroup is None or bool(session.observations) or snapshot.memory_model == DISCRETE)
     # After an out-of-memory error, what the job holds is unknown until its next report, and the
     # pool's free memory cannot be paired with it: the budget paired before stands. Taken as 0,
     # the simulated job near capacity was budgeted without its own 30 GiB and cut to 5 where 21
@@ -160,6 +186,8 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     session.plan = decision.plan
     session.state = decision.state
     session.pool = session.pool if gpu_gone else pool.name
+    if session.pool_key is None and pool.name != budget.HOST and not gpu_gone:
+        session.pool_key = pool_key(pool, snapshot)  # its GPU was not known at hello (identify)
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     return decision

@@ -3,7 +3,11 @@
 A session is identified by an unguessable token that only its holder knows; it ends with
 ``bye``, when its process is gone, or after ``ttl`` seconds of silence. The registry is bounded
 (``max_sessions``) and each session keeps a bounded history, so the daemon stays small however
-long it runs. Owned by the server thread: no locking here.
+long it runs. A client's ``nonce`` (a secret of its own, sent with every hello of one client
+Session) finds the session an earlier hello opened, so a hello retried after its reply was lost
+does not open a second one. The registry only holds sessions: what ending one means (remember
+its curve, count it) is ops.end's, for bye, expiry and eviction alike. Owned by the server
+thread: no locking here.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from typing import Callable, Deque, Dict, Iterator, List, Optional, Tuple
 from memd.client.plan import Plan
 from memd.policy.controller import ControlState, Limits
 from memd.policy.fit import Observation, Prior
+from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
 
@@ -60,6 +65,9 @@ class Session:
     latest_batch: Optional[int] = None
     cpus: Optional[float] = None  # what the client said it may use (its affinity), before a job read
     local_world_size: Optional[int] = None  # ranks of the job on this node
+    nonce: Optional[str] = None  # the client Session's own secret: a retried hello finds this session
+    cgroup: Optional[Cgroup] = None  # the job's memory cgroup as read at hello (None: not local, unreadable)
+    pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
     # The workers' course (planner.worker_facts): each live one's latest job reads (time, CPU
     # seconds, USS) and projection; the most one reached this run; what the workers of a rebuilt
@@ -127,17 +135,30 @@ class Sessions:
         self.clock = clock
         self.alive = alive  # False once a local session's process is gone
         self._by_token: Dict[str, Session] = {}
+        self._by_nonce: Dict[Tuple[str, int, str], Session] = {}
         self._next_sid = 0
 
+    def full(self) -> bool:
+        return len(self._by_token) >= self.max_sessions
+
     def open(self, **fields) -> Session:
-        now = self.clock()
-        if len(self._by_token) >= self.max_sessions:
-            self.expire()
-        if len(self._by_token) >= self.max_sessions:
+        """A new session; TooManySessions when full (the caller expires the dead ones first, and
+        ends them: see ops.end)."""
+        if self.full():
             raise TooManySessions("%d sessions are open (max_sessions)" % self.max_sessions)
+        now = self.clock()
         self._next_sid += 1
         session = Session(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now, **fields)
         self._by_token[session.token] = session
+        if session.nonce is not None:
+            self._by_nonce[(session.host, session.pid, session.nonce)] = session
+        return session
+
+    def find(self, host: str, pid: int, nonce: str) -> Optional[Session]:
+        """The open session an earlier hello with this nonce opened for this process, if any."""
+        session = self._by_nonce.get((host, pid, nonce))
+        if session is not None:
+            session.last_seen = self.clock()
         return session
 
     def get(self, token: object) -> Session:
@@ -148,14 +169,17 @@ class Sessions:
         return session
 
     def close(self, token: str) -> Optional[Session]:
-        return self._by_token.pop(token, None)
+        session = self._by_token.pop(token, None)
+        if session is not None and session.nonce is not None:
+            self._by_nonce.pop((session.host, session.pid, session.nonce), None)
+        return session
 
     def expire(self) -> List[Session]:
         """Drop sessions whose process is gone or that were silent longer than ``ttl``."""
         now = self.clock()
         gone = [s for s in self._by_token.values() if now - s.last_seen > self.ttl or not self.alive(s)]
         for session in gone:
-            del self._by_token[session.token]
+            self.close(session.token)
         return gone
 
     def __iter__(self) -> Iterator[Session]:

@@ -85,6 +85,52 @@ def test_split_batch_says_when_a_huge_target_was_not_searched_to_the_end():
     assert batch == 2 ** 40 and steps == round(prime / 2 ** 40) and "found in" in note and "effective batch is" in note
 
 
+class _Spec:
+    def __init__(self, name):
+        self.name = name
+
+
+class _Main:
+    def __init__(self, spec=None):
+        self.__spec__ = spec
+
+
+@pytest.mark.parametrize("argv, spec, orig_argv, expected", [
+    (["/home/u/train.py", "--lr", "1"], None, None, "train.py"),  # a script: its file name
+    (["/home/u/pkg/train.py"], "pkg.train", None, "pkg.train"),  # python -m pkg.train: the module
+    (["/home/u/pkg/__main__.py"], "pkg.__main__", None, "pkg"),  # python -m pkg: the package
+    (["-c"], None, ["python3", "-c", "import x; x.train()"], "python-c:"),  # a hash of the command
+    (["-c"], None, None, "python-c"),  # Python before 3.10 keeps no copy of the command
+    ([""], None, None, "python"),  # the interactive prompt
+    (["-"], None, None, "python"),  # a script on stdin
+    ([], None, None, "python"),
+])
+def test_the_default_job_names_the_script_or_module_never_dash_c(argv, spec, orig_argv, expected):
+    name = client._default_job(argv, _Main(_Spec(spec) if spec else None), orig_argv or [])
+    assert name.startswith(expected) and (name == expected) == (not expected.endswith(":"))
+    assert "-c" != name and len(name) <= 128
+
+
+def test_one_liners_are_told_apart_and_each_finds_itself_again():
+    def name(command):
+        return client._default_job(["-c"], _Main(), ["python", "-X", "dev", "-c", command, "arg"])
+    assert name("train(1)") == name("train(1)") != name("train(2)")
+
+
+def test_the_default_job_of_real_python_c_and_python_m(tmp_path):
+    code = "from memd import client; print(client.Session(endpoint='ipc://%s/none').job)" % tmp_path
+    ran = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    assert ran.stdout.strip().startswith("python-c:"), ran.stdout
+    (tmp_path / "jobpkg").mkdir()
+    (tmp_path / "jobpkg" / "__init__.py").write_text("")
+    (tmp_path / "jobpkg" / "train.py").write_text(code + "\n")
+    env = memd_env()
+    env["PYTHONPATH"] = "%s:%s" % (tmp_path, env["PYTHONPATH"])
+    ran = subprocess.run([sys.executable, "-m", "jobpkg.train"], env=env, capture_output=True, text=True,
+                         check=True, cwd=str(tmp_path))
+    assert ran.stdout.strip() == "jobpkg.train", ran.stdout
+
+
 def test_fallback_plan_prefers_the_callers_defaults():
     plan = fallback_plan(min_batch=2, max_batch=20, default_batch=32, target_effective_batch=64,
                          hints={"num_workers": 4, "prefetch_factor": 3})

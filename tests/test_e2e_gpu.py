@@ -39,6 +39,49 @@ def gpu_memd(tmp_path, fake_nvml):
     daemon.stop()
 
 
+def test_a_curve_is_found_again_when_the_jobs_gpu_was_not_known_at_hello(tmp_path, fake_nvml):
+    """Two alike GPUs and a job that names neither and is on neither when it says hello (CUDA
+    starts after): its curve was looked up under the host's pool (discrete:N) and saved under
+    its GPU's once the daemon saw it there, and never found again. Alike GPUs are one kind of
+    pool, whichever the job lands on: one key for both."""
+    on_no_gpu = TWO_GPUS.split("proc")[0]
+    key = "gpu:NVIDIA H100 80GB HBM3:%d" % (80 * GiB)
+    fake_nvml.write(on_no_gpu)
+    memd = Daemon(tmp_path, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.1"}).start()
+    try:
+        reasons, keys = [], []
+        for batches in ((4, 4, 8, 8), (4, 4)):  # this run, then the next after a restart
+            with client.Session("alike", endpoint=memd.endpoint, timeout=1.0, default_batch=4, max_batch=4096) as s:
+                s.plan()  # hello: on no GPU yet
+                fake_nvml.write(TWO_GPUS.format(pid=os.getpid()))  # now on the second
+                for batch in batches:  # a warm-up step first, as ever
+                    s.report(batch_size=batch, peak_bytes=2 * GiB + batch * GiB)
+
+                def learned():
+                    s._plan_expires = 0
+                    plan = s.plan()
+                    view = next(v for v in memd.call("status")["sessions"] if v["job"] == "alike")
+                    return (view, plan) if view["reports"] == len(batches) and view["pool"] == "GPU-22222222-bbbb" \
+                        and not plan.reason.startswith("starting") else None  # decided on a sample after the reports
+
+                found = wait_for(learned)
+                assert found is not None
+                view, plan = found
+                reasons.append(plan.reason)
+                keys.append(view.get("pool_key"))
+            assert wait_for(lambda: not memd.call("status")["sessions"])
+            memd.stop()
+            assert list(json.loads((tmp_path / "state" / "curves.json").read_text())["jobs"]) == ["alike|" + key]
+            fake_nvml.write(on_no_gpu)  # the next run's process is on no GPU when it says hello
+            memd.start()
+        # The second run reported one batch size, 4; its curve is fitted from two, last run's 8
+        # with it: its first report agreed with what was remembered.
+        assert "from 2 batch sizes" in reasons[1], reasons
+        assert keys == [key, key]
+    finally:
+        memd.stop()
+
+
 def test_sample_shows_discrete_gpus_with_v2_numbers(fake_nvml):
     fake_nvml.write(TWO_GPUS.format(pid=os.getpid()))
     out = run_memd(["sample", "--json"], env=fake_nvml.env({}))

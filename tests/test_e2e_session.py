@@ -141,6 +141,32 @@ def test_close_is_bounded_when_a_stalled_daemon_filled_the_queue(memd):
     assert memd.call("ping")["pong"] is True
 
 
+def test_a_hello_whose_reply_was_lost_leaves_one_session(memd):
+    """A hello the daemon answers after the client gave up, then a retry: one session, the one
+    the client uses. Each hello once opened its own, and the orphan took half the job's pool
+    (33.6 -> 16.8 GB, batch 33 -> 16) until session_ttl."""
+    import zmq
+
+    s = client.Session("retried", endpoint=memd.endpoint, timeout=0.2, default_batch=8)
+    try:
+        assert s._socket().poll(5000, zmq.POLLOUT)  # connected: a hello now waits in the daemon's queue
+        os.kill(memd.proc.pid, signal.SIGSTOP)  # a daemon too slow to answer in time
+        try:
+            assert s.plan().source == "fallback"  # the first hello: no reply within 0.2 s
+            time.sleep(0.15)  # past the client's back-off
+            assert s.plan().source == "fallback"  # the retry: no reply either
+        finally:
+            os.kill(memd.proc.pid, signal.SIGCONT)
+        assert wait_for(lambda: s.plan().source == "daemon", timeout=5)
+        sessions = [v for v in memd.call("status")["sessions"] if v["job"] == "retried"]
+        assert len(sessions) == 1, sessions
+        s.report(batch_size=8, peak_bytes=GB)
+        assert wait_for(lambda: session_view(memd, "retried")["reports"] == 1)  # the one it uses
+    finally:
+        s.close()
+    assert wait_for(lambda: not memd.call("status")["sessions"])  # and its bye ends it
+
+
 def test_client_recovers_after_daemon_restart(memd):
     s = client.Session("restart", endpoint=memd.endpoint, timeout=0.2, default_batch=8)
     assert s.plan().source == "daemon"

@@ -125,6 +125,24 @@ def test_base_bytes_splits_one_report():
     assert curve.fixed_bytes == 59 * GB and curve.per_sample_bytes == pytest.approx(GB)
 
 
+def test_a_base_above_the_reports_is_not_in_their_units_and_is_ignored():
+    """Memory held between steps is held during every step too: a base of 40 GB beside peaks of
+    20 and 30 GB counts something the peaks leave out. Taken as it was, it capped the slope at 0
+    and max_batch said 1,048,576 where the line says 36."""
+    reports = [(8, 20 * GB), (8, 20 * GB), (16, 30 * GB)]
+    line = fit([Observation(b, p) for b, p in reports]).max_batch(60 * GB)
+    assert 30 <= line <= 40
+    for base in (40 * GB, 20 * GB):  # above the reports, and equal to the lowest
+        curve = fit([Observation(b, p, base_bytes=base) for b, p in reports])
+        assert curve.max_batch(60 * GB) == line
+    one = fit([Observation(8, 20 * GB, base_bytes=40 * GB)])
+    assert one.max_batch(60 * GB) == fit([Observation(8, 20 * GB)]).max_batch(60 * GB) == 24
+    # A base below every report is still used: the line from it through the highest report,
+    # 12 GB + (30 - 12) / 16 GB a sample, lies above every step and allows (60 - 12) / 1.125.
+    below = fit([Observation(b, p, base_bytes=12 * GB) for b, p in reports])
+    assert below.max_batch(60 * GB) == 42
+
+
 def test_prior_only_until_reports():
     prior = Prior(10 * GB, GB)
     assert fit([], prior).source == "prior"

@@ -132,15 +132,18 @@ def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[
     return Pool(gpu.uuid, DISCRETE, gpu.total_bytes, max(0, free), own, margin(gpu.total_bytes, cfg))
 
 
-def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> Pool:
-    """The host pool as the job sees it: bounded by its own cgroup when that is smaller.
+def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig,
+              cgroup: Optional[Cgroup] = None) -> Pool:
+    """The host pool as the job sees it: bounded by its own cgroup when that is smaller (the
+    latest job read's; ``cgroup``, the one read when the job said hello, until a job read has
+    one; else the container's).
 
     What the job holds is the trainer's own resident set, read with its cgroup's usage in one
     pass (Sampler.job), so free and held describe the same instant and the same units as its
     peaks (VmHWM): file pages it maps but another group was charged for are in both, and its
     workers' memory stays with the others, in use.
     """
-    cg = job.cgroup if job is not None and job.cgroup is not None else container_cgroup(snapshot)
+    cg = job.cgroup if job is not None and job.cgroup is not None else cgroup or container_cgroup(snapshot)
     total = snapshot.system.total_bytes
     capacity, free = bounded_by(cg, total, host_free(total, snapshot.system.available_bytes, cfg))
     own = job.trainer_rss_bytes if job is not None else None

@@ -47,7 +47,9 @@ SPAN = 1.3
 class Observation:
     batch: int
     peak_bytes: int
-    base_bytes: Optional[int] = None  # memory held between steps (weights, optimizer), if known
+    # Memory held between steps (weights, optimizer), if known, in the peaks' units: a base at or
+    # above the lowest report cannot be, and is ignored (_base).
+    base_bytes: Optional[int] = None
     # A session's first step: optimizers allocate their state on it (AdamW: twice the trained
     # parameters), so its peak may be far below the job's. Never fitted once a later one exists.
     warmup: bool = False
@@ -151,7 +153,7 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         if prior is None:
             return None
         return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0, kills=kills)
-    base = _base(observations)
+    base = _base(observations, points)
     noise = assumed_spread(points, noise)
     if len(points) == 1:
         curve = _one_point(points[0], base, prior)
@@ -250,9 +252,19 @@ def _ols(xs, ys):
     return my - slope * mx, slope
 
 
-def _base(observations: Sequence[Observation]) -> Optional[float]:
+def _base(observations: Sequence[Observation], points: Sequence[Point]) -> Optional[float]:
+    """The memory held between steps, or None when unknown or not in the reports' units.
+
+    What a job holds between steps it also holds during every step, so a base at or above the
+    lowest credible report cannot be in the same units as the peaks (the base counts the CUDA
+    context or the whole process, the peaks only the allocator's tensors) and is ignored: taken
+    as it is, (peak - base) / batch bounded the slope at 0 and a job whose reports (8, 20 GB),
+    (16, 30 GB) came with a base of 40 GB was planned 1,048,576 where 36 fit 60 GB."""
     bases = [o.base_bytes for o in observations if o.base_bytes is not None and o.base_bytes > 0]
-    return float(min(bases)) if bases else None
+    if not bases or not points:
+        return None
+    base = float(min(bases))
+    return base if base < min(p.peaks[0] for p in points) else None
 
 
 def _one_point(point: Point, base: Optional[float], prior: Optional[Prior]) -> Curve:

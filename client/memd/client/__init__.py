@@ -15,9 +15,11 @@ imports pyzmq and msgpack and nothing of the daemon's.
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import operator
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -247,6 +249,9 @@ class Session:
         self._rcvtimeo = 0
         self._fresh_socket = False
         self._token: Optional[str] = None
+        # This Session's secret for the daemon: a hello retried after its reply was lost finds the
+        # session the first one opened, instead of opening a second that halves the job's share.
+        self._nonce = secrets.token_urlsafe(24)
         self._plan: Optional[Plan] = None
         self._plan_expires = 0.0
         self._retry_at = 0.0
@@ -289,18 +294,20 @@ class Session:
     def _ensure_session(self, deadline: float) -> None:
         if self._token is not None:
             return
-        result = self._call("hello", deadline, **self._hello_fields())
-        token = result.get("token") if isinstance(result, dict) else None
-        if not isinstance(token, str):
-            raise _Unavailable("hello reply carried no token")
-        self._token = token
-        self._accept(result)
+        self._drain()  # the reply to a hello that timed out may be here by now: its token is ours
+        if self._token is None:
+            result = self._call("hello", deadline, **self._hello_fields())
+            token = result.get("token") if isinstance(result, dict) else None
+            if not isinstance(token, str):
+                raise _Unavailable("hello reply carried no token")
+            self._token = token
+            self._accept(result)
         self._flush_pending()
 
     def _hello_fields(self) -> Dict[str, Any]:
         fields: Dict[str, Any] = {
             "job": self.job, "pid": os.getpid(), "host": socket.gethostname(),
-            "min_batch": self.min_batch, "hints": self.hints,
+            "min_batch": self.min_batch, "hints": self.hints, "nonce": self._nonce,
         }
         for name in ("max_batch", "default_batch", "target_effective_batch"):
             if getattr(self, name) is not None:
@@ -567,9 +574,31 @@ def usable_cpus() -> Optional[int]:
     return max(1, cpus // int(ranks)) if ranks.isdigit() and int(ranks) > 0 and cpus else (cpus or None)
 
 
-def _default_job() -> str:
-    argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-    return argv0 or "python"
+def _default_job(argv: Optional[list] = None, main: Any = None, orig_argv: Optional[list] = None) -> str:
+    """The name a job's curves are kept under when it gives none: its script's file name
+    (``train.py``); under ``python -m`` the module's name (``pkg.train``, a package's
+    ``__main__`` named by its package: argv[0] is then the module's full path, not a name);
+    under ``python -c`` "python-c:" and a hash of the command, so that one command run again
+    finds what it learned and two different ones do not share a curve ("python-c" where Python
+    keeps no copy of the command, before 3.10); "python" at the interactive prompt. Never "-c":
+    every one-liner on a machine would share one curve under it."""
+    argv = sys.argv if argv is None else argv
+    main = sys.modules.get("__main__") if main is None else main
+    first = argv[0] if argv else ""
+    spec = getattr(main, "__spec__", None)
+    module = getattr(spec, "name", None)
+    if isinstance(module, str) and module and module != "__main__":  # python -m
+        if module.endswith(".__main__"):
+            module = module[:-len(".__main__")]
+        return module
+    if first == "-c":
+        orig = getattr(sys, "orig_argv", None) if orig_argv is None else orig_argv
+        command = orig[orig.index("-c") + 1] if orig and "-c" in orig[:-1] else None
+        if command is None:
+            return "python-c"
+        return "python-c:%s" % hashlib.sha256(command.encode("utf-8", "replace")).hexdigest()[:12]
+    name = os.path.basename(first) if first not in ("", "-") else ""
+    return name or "python"
 
 
 def _distributed_identity() -> Dict[str, Any]:

@@ -1,0 +1,79 @@
+"""A job in a real memory cgroup smaller than the host, against the real daemon: what it learned
+is saved under the pool its hello looked it up in, so its next run, on the same daemon or after
+a restart, starts from its curve within its cgroup."""
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from bench import memcg
+from realdaemon import memd_env
+
+pytestmark = pytest.mark.skipif(memcg.available() is not None, reason="needs a writable memory cgroup (root): %s"
+                                % memcg.available())
+
+GiB = 2 ** 30
+MB = 10 ** 6
+
+# The job: its first plan, then (to learn) a warm-up step and steps at two batch sizes, 200 MB
+# + 10 MB a sample, waiting until the daemon has them all; bye on close.
+JOB = r"""
+import json, os, sys, time
+from memd import client
+endpoint, learn = sys.argv[1], sys.argv[2] == "learn"
+s = client.Session("bounded", endpoint=endpoint, timeout=2.0, max_batch=100000)
+first = s.plan()
+out = {"batch_size": first.batch_size, "reason": first.reason, "source": first.source}
+if learn:
+    for batch in (8, 8, 8, 16, 16):
+        s.report(batch_size=batch, peak_bytes=200 * 10 ** 6 + batch * 10 ** 7)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        mine = [v for v in client.call("status", endpoint=endpoint)["sessions"] if v["pid"] == os.getpid()]
+        if mine and mine[0]["reports"] == 5:
+            out["pool_key"] = mine[0].get("pool_key")
+            break
+        time.sleep(0.05)
+s.close()
+print(json.dumps(out))
+"""
+
+
+def run_job(cg, memd, learn):
+    done = subprocess.run([sys.executable, "-c", JOB, memd.endpoint, "learn" if learn else "again"],
+                          env=memd_env(), capture_output=True, text=True, timeout=60, preexec_fn=cg.join)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def sessions_end(memd):
+    import time
+    deadline = time.monotonic() + 10
+    while memd.call("status")["sessions"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not memd.call("status")["sessions"]
+
+
+def test_a_job_in_a_small_cgroup_finds_its_curve_on_the_same_daemon_and_after_a_restart(memd):
+    if memd.call("status")["snapshot"]["memory_model"] != "cpu":
+        pytest.skip("the job's pool here is a GPU or unified memory, not its cgroup's share of host RAM")
+    with memcg.MemoryCgroup(2 * GiB, name="memd-test-identity-%s" % uuid.uuid4().hex[:10]) as cg:  # removed on exit
+        learned = run_job(cg, memd, learn=True)
+        assert learned["batch_size"] == 1 and "no reports yet" in learned["reason"], learned  # a stranger
+        sessions_end(memd)
+        for restart in (False, True):
+            if restart:
+                assert memd.stop() == 0
+                memd.start()
+            again = run_job(cg, memd, learn=False)
+            # Its first plan comes from its curve (half what the curve allows, a prior until its
+            # first report agrees), within its 2 GiB: never its default 1, and far below what
+            # the host's RAM would allow (about 1,000 on this host, with no group).
+            assert again["source"] == "daemon" and "prior estimate" in again["reason"], (restart, again)
+            assert 1 < again["batch_size"] <= (2 * GiB - 200 * MB) / (10 * MB) / 2, (restart, again)
+            sessions_end(memd)
+    assert learned["pool_key"] == "cpu:2", learned  # its cgroup's 2 GiB, not the host's RAM
+    curves = json.loads((memd.tmp_path / "state" / "curves.json").read_text())
+    assert list(curves["jobs"]) == ["bounded|cpu:2"]

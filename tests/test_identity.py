@@ -1,0 +1,140 @@
+"""One job identity, known at hello and used both to look a learned curve up and to save it:
+the job's own cgroup (read at hello from a fixture /proc) and the GPU it names. No daemon."""
+import os
+
+from memd import ops
+from memd.config import Config, PolicyConfig
+from memd.core import Core
+from memd.planner import identify, plan_session
+from memd.policy.controller import Limits
+from memd.sampling.snapshot import CPU, DISCRETE, Gpu, GpuProcess, JobMemory, ProcessMemory, Snapshot, SystemMemory
+from memd.sessions import Session, Sessions
+from memd.state import StateStore
+
+GB = 10 ** 9
+MB = 10 ** 6
+PID = 4242
+CFG = PolicyConfig()
+
+
+def write(root, rel, text):
+    path = os.path.join(str(root), rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def proc_with_job_in_cgroup(root, limit):
+    """A fixture /proc where PID lives in a v1 memory cgroup of ``limit`` bytes (1 GB in use)."""
+    write(root, "proc/self/mountinfo",
+          "35 31 0:32 / %s/sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n" % root)
+    write(root, "proc/%d/cgroup" % PID, "4:memory:/slurm/job42\n0::/\n")
+    write(root, "proc/%d/stat" % PID, "%d (python) S 1 " % PID + " ".join(["0"] * 18) + " 777 0\n")
+    d = "sys/fs/cgroup/memory/slurm/job42/"
+    write(root, d + "memory.limit_in_bytes", "%d\n" % limit)
+    write(root, d + "memory.usage_in_bytes", "%d\n" % GB)
+    write(root, d + "memory.stat", "hierarchical_memory_limit %d\ntotal_inactive_file 0\n" % limit)
+    return str(root) + "/proc"
+
+
+def host_core(tmp_path, proc_root):
+    """A 64 GB host with no GPU, the job's pid local to it; the job's tree not read yet."""
+    core = Core(config=Config(), sessions=Sessions(8, 60.0, lambda: 0.0, lambda s: True),
+                store=StateStore(str(tmp_path / "state")), clock=lambda: 0.0, proc_root=proc_root, host="here")
+    core.snapshot = Snapshot(taken_at=0.0, monotonic=0.0, host="here", memory_model=CPU,
+                             system=SystemMemory(64 * GB, 60 * GB, 4 * GB, 0, 0), pressure=None, cgroup=None)
+    return core
+
+
+def run(core, reports):
+    token = ops.hello(core, dict(job="bounded", pid=PID, host="here", max_batch=100000))
+    for batch in reports:
+        ops.report(core, {"token": token["token"], "batch_size": batch, "peak_bytes": 200 * MB + batch * 10 * MB})
+    return token
+
+
+def test_a_job_in_a_cgroup_smaller_than_the_host_finds_what_it_learned(tmp_path):
+    """The issue's case: an 8 GB cgroup on a 64 GB host. Looked up at hello as cpu:59 (the host,
+    its cgroup not known yet) and saved as cpu:7 (its cgroup, from a later sample), the curve
+    was never found again."""
+    core = host_core(tmp_path, proc_with_job_in_cgroup(tmp_path, 8 * GB))
+    first = run(core, (8, 8, 8, 16, 16))
+    session = next(iter(core.sessions))
+    assert session.pool_key == "cpu:7" and session.cgroup.limit_bytes == 8 * GB
+    assert first["plan"]["batch_size"] == 1 and "no reports yet" in first["plan"]["reason"]  # nothing known yet
+    ops.bye(core, {"token": first["token"]})
+    assert core.store.recall("bounded", "cpu:7") is not None
+    again = run(core, ())
+    plan = again["plan"]
+    # Its first plan starts from its curve, within its cgroup: half what the curve allows in
+    # the group's 7 GB left (10 MB a sample), never its default 1 nor the host's 60 GB.
+    assert 1 < plan["batch_size"] < 7 * GB / (10 * MB) / 2 and "prior estimate" in plan["reason"], plan
+    assert core.sessions.get(again["token"]).remembered
+
+
+def test_a_job_whose_cgroup_cannot_be_read_is_held_until_it_is(tmp_path):
+    """No cgroup known at hello (unreadable): the first plan with a curve holds, as before,
+    rather than budget the job from the machine's RAM."""
+    root = proc_with_job_in_cgroup(tmp_path, 8 * GB)
+    os.remove(os.path.join(root, str(PID), "cgroup"))
+    core = host_core(tmp_path, root)
+    token = ops.hello(core, dict(job="j", pid=PID, host="here", hints={"fixed_bytes": GB, "per_sample_bytes": MB}))
+    assert core.sessions.get(token["token"]).cgroup is None and core.sample_errors["cgroup"] == 1
+    assert "has not been read yet" in token["plan"]["reason"]
+    assert core.sessions.get(token["token"]).pool_key == "cpu:59"  # the host's, as the daemon sees it
+
+
+def gpu(index, uuid, name="H100", total=80 * GB, pids=()):
+    return Gpu(index, uuid, name, total, 10 * GB, total - 10 * GB, 0, False,
+               processes=tuple(GpuProcess(p, GB) for p in pids))
+
+
+def gpu_snapshot(*gpus):
+    return Snapshot(taken_at=0.0, monotonic=0.0, host="h", memory_model=DISCRETE,
+                    system=SystemMemory(1000 * GB, 900 * GB, 100 * GB, 0, 0), pressure=None, cgroup=None, gpus=gpus)
+
+
+def session(**fields):
+    fields.setdefault("limits", Limits())
+    return Session(token="t", sid=1, job="j", pid=PID, host="h", local=True, start_time=None,
+                   created=0.0, last_seen=0.0, **fields)
+
+
+def test_a_gpu_job_is_keyed_by_the_gpu_it_names_or_any_when_all_are_alike():
+    alike = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-b"))
+    mixed = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB))
+    assert identify(session(device_uuid="GPU-c"), mixed, CFG) == "gpu:A100:%d" % (40 * GB)
+    assert identify(session(device="cuda:0", visible_devices="1"), mixed, CFG) == "gpu:A100:%d" % (40 * GB)
+    assert identify(session(), alike, CFG) == "gpu:H100:%d" % (80 * GB)  # whichever it is: the same kind
+    assert identify(session(), mixed, CFG) is None  # cannot tell yet
+    using = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB, pids=(PID,)))
+    assert identify(session(), using, CFG) == "gpu:A100:%d" % (40 * GB)  # its process is on it already
+
+
+def test_a_gpu_unknown_at_hello_is_keyed_by_the_gpu_it_is_first_seen_on():
+    s = session()
+    mixed = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB))
+    s.pool_key = identify(s, mixed, CFG)
+    plan_session(s, mixed, "ok", [s], {}, CFG)
+    assert s.pool_key is None  # planned from no GPU: still unknown
+    seen = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB, pids=(PID,)))
+    job = JobMemory(PID, (ProcessMemory(PID, 1, "python", GB, GB, GB),), None, (), 0.0)
+    plan_session(s, seen, "ok", [s], {PID: job}, CFG)
+    assert s.pool_key == "gpu:A100:%d" % (40 * GB)
+    plan_session(s, gpu_snapshot(gpu(0, "GPU-a", pids=(PID,)), gpu(1, "GPU-c", "A100", 40 * GB)), "ok", [s],
+                 {PID: job}, CFG)
+    assert s.pool_key == "gpu:A100:%d" % (40 * GB)  # kept: one key per session
+
+
+def test_a_gpu_job_whose_gpu_is_not_known_yet_is_not_planned_from_host_ram():
+    """Its cgroup read at hello bounds a host job's first plan; on a machine with GPUs a host
+    pool only means the job's GPU is unknown, and its remembered curve (GPU bytes) must not be
+    budgeted from the host's 900 GB: the plan holds until its memory is read."""
+    from memd.policy.fit import Observation
+    from memd.sampling.snapshot import Cgroup
+
+    s = session(cgroup=Cgroup(1, "/", None, GB), limits=Limits(default_batch=8))
+    s.remembered = [Observation(8, 10 * GB), Observation(16, 18 * GB)]
+    mixed = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB))
+    plan = plan_session(s, mixed, "ok", [s], {}, CFG).plan
+    assert plan.batch_size == 8 and "has not been read yet" in plan.reason, plan

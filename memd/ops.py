@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import structlog
 
+from memd import curves as learned
 from memd.client import protocol
 from memd.core import VERSION, Core
 from memd.planner import check_remembered, plan_session, pool_for, pool_key, prior_from_hints
@@ -20,6 +21,7 @@ from memd.policy.fit import Observation
 from memd.sampling import procs
 from memd.sampling.snapshot import as_json
 from memd.sessions import Session
+from memd.state import MAX_KEY_CHARS
 
 Result = Dict[str, Any]
 
@@ -130,7 +132,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
                                   settling=session.latest_batch is not None and batch != session.latest_batch)
         if len(session.observations) == 1:  # the first report after the warm-up step
             check_remembered(session, observation)
-        session.observations.append(observation)
+        session.observe(observation)
         session.latest_peak, session.latest_batch = peak, batch
         session.note_peak(core.clock(), peak)
     session.reports += 1
@@ -190,20 +192,67 @@ def ping(core: Core, req: Dict[str, Any]) -> Result:
     return {"pong": True, "version": VERSION, "uptime_seconds": round(core.uptime(), 3)}
 
 
+def curves(core: Core, req: Dict[str, Any]) -> Result:
+    """What the daemon remembers for the jobs' next runs (`memd curves`), one page at a time.
+
+    Request: optional after ([job, pool], the previous page's next). Reply: curves ([{job, pool,
+    points: [[batch, peak_bytes], ...] (oldest first), ceiling (int or null), updated (unix
+    seconds)}], by job then pool), total (entries remembered), next ([job, pool] to ask for the
+    next page with, or null on the last). A reply stays within MAX_MESSAGE_BYTES (memd.curves).
+    """
+    after = req.get("after")
+    if after is not None and not (isinstance(after, list) and len(after) == 2 and all(
+            isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
+        raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)" % MAX_KEY_CHARS)
+    return learned.page(core.store.entries(), after)
+
+
+def forget(core: Core, req: Dict[str, Any]) -> Result:
+    """Forget what was learned for a job, in every pool or one (`memd forget`); written to the
+    state file at once. Whoever may connect may call it: they could as well teach the job's
+    curve anything with hello and report (docs/protocol.md, "Who may forget").
+
+    Request: job (str of 1 to 128 characters), optional pool (a pool key as `curves` shows it).
+    Reply: forgotten (curves dropped), sessions (live sessions of the job, in that pool, whose
+    learning until now will not be remembered; their plans are unchanged), saved (false: the
+    state file could not be written, the daemon logged why and retries at its next flush).
+    """
+    job = _str(req, "job", required=True, limit=128)
+    pool = _str(req, "pool", limit=MAX_KEY_CHARS)
+    if not job:
+        raise Invalid("job must not be empty")
+    if pool == "":
+        raise Invalid("pool must not be empty (leave it out to forget every pool)")
+    dropped = core.store.forget(job, pool)
+    sessions = [s for s in core.sessions if s.job == job and (pool is None or _memory_key(core, s) == pool)]
+    for session in sessions:
+        session.forget_learned()
+    return {"forgotten": len(dropped), "sessions": len(sessions), "saved": core.store.flush()}
+
+
 HANDLERS: Dict[str, Callable[[Core, Dict[str, Any]], Result]] = {
     "hello": hello, "plan": plan, "report": report, "oom": oom, "bye": bye, "status": status, "ping": ping,
+    "curves": curves, "forget": forget,
 }
 assert set(HANDLERS) == set(protocol.OPS)
 
 
 def remember(core: Core, session: Session) -> None:
-    """Keep a session's observations (and OOM ceiling) for the job's next run."""
-    snapshot = core.snapshot
-    if snapshot is None or session.pool is None or (not session.observations and session.state.ceiling is None):
+    """Keep a session's observations (and OOM ceiling) for the job's next run: only what it
+    learned since its job was last forgotten (Session.learned)."""
+    observations, ceiling = session.learned()
+    key = _memory_key(core, session)
+    if key is None or (not observations and ceiling is None):
         return
-    pool = pool_for(session, snapshot, core.jobs.get(session.pid), core.config.policy)
-    learned = [o for o in session.observations if not o.warmup]
-    core.store.remember(session.job, pool_key(pool, snapshot), learned, session.state.ceiling)
+    core.store.remember(session.job, key, observations, ceiling)
+
+
+def _memory_key(core: Core, session: Session) -> Optional[str]:
+    """The pool key the session's curve is kept under now (None before its first decision)."""
+    snapshot = core.snapshot
+    if snapshot is None or session.pool is None:
+        return None
+    return pool_key(pool_for(session, snapshot, core.jobs.get(session.pid), core.config.policy), snapshot)
 
 
 def _decide(core: Core, session: Session):

@@ -78,6 +78,29 @@ class Session:
     ooms: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
     remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
+    observed: int = 0  # observations ever added (observe), however many the history still holds
+    forgotten: Optional[Tuple[int, int]] = None  # (observed, ooms) when its job was last forgotten
+
+    def observe(self, observation: Observation) -> None:
+        self.observations.append(observation)
+        self.observed += 1
+
+    def forget_learned(self) -> None:
+        """`memd forget` of this job: what it learned until now is never remembered (else the
+        next flush or its bye would write the forgotten curve back). Its own plan keeps using
+        it: a running job is not sent back to its default mid-run."""
+        self.forgotten = (self.observed, self.ooms)
+
+    def learned(self) -> Tuple[List[Observation], Optional[int]]:
+        """What may be kept for the job's next run: its observations past the warm-up and its
+        OOM ceiling, both only from after the last forget of its job (a ceiling it started
+        with, or reached before, was forgotten with the curve)."""
+        history = list(self.observations)
+        if self.forgotten is None:
+            return [o for o in history if not o.warmup], self.state.ceiling
+        observed, ooms = self.forgotten
+        since = history[max(0, len(history) - (self.observed - observed)):]
+        return [o for o in since if not o.warmup], self.state.ceiling if self.ooms > ooms else None
 
     def note_peak(self, when: float, peak: int) -> None:
         previous = self.held[-1][1] if self.held else 0

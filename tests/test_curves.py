@@ -69,3 +69,103 @@ def test_load_drops_entries_a_reply_could_not_carry(tmp_path):
     store = StateStore(str(tmp_path))
     store.load()
     assert [job for job, _, _ in store.entries()] == ["ok"]
+
+
+# -- a `curves` reply's pages -------------------------------------------------------------------
+
+
+def full_store(tmp_path, jobs=512):
+    """The Store at its bounds: every job named with 128 four-byte characters, on a long pool
+    key, with MAX_POINTS points of the largest numbers a file may hold."""
+    from memd.state import MAX_INT, MAX_KEY_CHARS
+
+    store = StateStore(str(tmp_path), max_jobs=jobs)
+    pool = "\U0001F600" * (MAX_KEY_CHARS - 129)
+    for i in range(jobs):
+        job = ("%03d" % i) + "\U0001F600" * 125
+        store.remember(job, pool, [Observation(MAX_INT, MAX_INT)] * MAX_POINTS, MAX_INT)
+    return store
+
+
+def test_one_entry_at_its_bounds_fits_entry_bytes(tmp_path):
+    from memd.client import protocol
+    from memd.curves import ENTRY_BYTES, view
+
+    job, pool, memory = full_store(tmp_path, jobs=1).entries()[0]
+    assert len(job) + 1 + len(pool) == 512
+    assert len(protocol.encode(view(job, pool, memory))) <= ENTRY_BYTES
+
+
+def test_pages_of_a_full_store_each_fit_a_message_and_show_everything_once(tmp_path):
+    from memd.client import protocol
+    from memd.curves import page
+
+    entries = full_store(tmp_path).entries()
+    assert len(protocol.encode([list(e[:2]) for e in entries])) > protocol.MAX_MESSAGE_BYTES  # one reply could not
+    seen, after, pages = [], None, 0
+    while True:
+        result = page(entries, after)
+        reply = {"v": protocol.VERSION, "id": 2 ** 63 - 1, "ok": True, "result": result}
+        assert len(protocol.encode(reply)) <= protocol.MAX_MESSAGE_BYTES
+        assert result["total"] == 512 and result["curves"]
+        seen += [(c["job"], c["pool"]) for c in result["curves"]]
+        pages += 1
+        after = result["next"]
+        if after is None:
+            break
+    assert seen == [e[:2] for e in entries] and pages > 1
+
+
+def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
+    from memd.curves import page
+
+    store = store_with(tmp_path, *[("job%d" % i, "host:59", [(4, 10)], None) for i in range(5)])
+    first = page(store.entries(), budget=1)  # one entry a page
+    assert [c["job"] for c in first["curves"]] == ["job0"] and first["next"] == ["job0", "host:59"]
+    store.forget("job0")
+    store.forget("job1")
+    second = page(store.entries(), first["next"], budget=1)
+    assert [c["job"] for c in second["curves"]] == ["job2"]
+    last = page(store.entries(), ["job4", "host:59"])
+    assert last == {"curves": [], "total": 3, "next": None}
+    everything = page(store.entries())
+    assert [c["job"] for c in everything["curves"]] == ["job2", "job3", "job4"] and everything["next"] is None
+    assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "ceiling": None,
+                                       "updated": everything["curves"][0]["updated"]}
+    assert isinstance(everything["curves"][0]["updated"], int)
+
+
+# -- what a live session may still remember after a forget ----------------------------------------
+
+
+def make_session():
+    from memd.policy.controller import ControlState, Limits
+    from memd.sessions import Session
+
+    return Session(token="t", sid=1, job="j", pid=1, host="h", local=False, start_time=None, limits=Limits(),
+                   created=0.0, last_seen=0.0, state=ControlState(ceiling=31))
+
+
+def test_a_session_remembers_only_what_it_learned_after_a_forget():
+    session = make_session()
+    for i, batch in enumerate((4, 4, 8)):
+        session.observe(Observation(batch, batch * 10, warmup=i == 0))
+    assert session.learned() == ([Observation(4, 40), Observation(8, 80)], 31)  # the warm-up is never kept
+    session.forget_learned()
+    assert session.learned() == ([], None)  # neither its points nor the ceiling it started with
+    session.observe(Observation(16, 160))
+    assert session.learned() == ([Observation(16, 160)], None)
+    session.ooms += 1  # an OOM after the forget: its ceiling is new learning
+    assert session.learned() == ([Observation(16, 160)], 31)
+
+
+def test_a_forget_long_ago_keeps_the_whole_history():
+    from memd.sessions import HISTORY
+
+    session = make_session()
+    session.observe(Observation(4, 40))
+    session.forget_learned()
+    for _ in range(HISTORY + 5):
+        session.observe(Observation(8, 80))
+    observations, _ = session.learned()
+    assert len(observations) == HISTORY

@@ -47,9 +47,11 @@ def fetch(ask: Callable[[Optional[List[str]]], Dict[str, Any]]) -> List[Dict[str
         shown += entries
         if following is None:
             return shown
-        if not entries or (after is not None and list(following) <= list(after)):
+        if not (isinstance(following, list) and len(following) == 2 and all(isinstance(v, str) for v in following)):
+            raise DaemonUnavailable("unreadable curves reply: next is %r" % (following,))
+        if not entries or (after is not None and following <= after):
             raise DaemonUnavailable("the daemon's pages of curves did not advance (at %r)" % (following,))
-        after = list(following)
+        after = following
 
 
 def render(curves: List[Dict[str, Any]]) -> str:

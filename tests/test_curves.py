@@ -169,3 +169,51 @@ def test_a_forget_long_ago_keeps_the_whole_history():
         session.observe(Observation(8, 80))
     observations, _ = session.learned()
     assert len(observations) == HISTORY
+
+
+# -- memd curves, for people and for scripts ------------------------------------------------------
+
+
+def test_render_shows_gib_by_batch_within_80_columns():
+    from memd.cli_curves import render
+
+    GiB = 2 ** 30
+    points = [[b, b * GiB // 4] for b in range(1, 21)] + [[8, 2 * GiB + GiB // 50]] * 3
+    text = render([{"job": "llama-ft", "pool": "gpu:NVIDIA H100 80GB HBM3:85520809984", "points": points,
+                    "ceiling": 31, "updated": 1795523039},
+                   {"job": "only-oom", "pool": "cpu:23", "points": [], "ceiling": 7, "updated": 0}])
+    lines = text.splitlines()
+    assert lines[0] == "memd remembers 2 curves (`memd forget JOB` drops a job's)"
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert "  pool      gpu:NVIDIA H100 80GB HBM3:85520809984" in lines
+    assert "  ceiling   31 (it ran out of memory above)" in lines
+    body = " ".join(text.split())
+    assert "peak GiB at batch 1: 0.25, 2: 0.50," in body
+    assert "8: 2.00-2.02 (4 steps)," in body and "20: 5.00" in body  # one batch's points as their range
+    assert sum(line.startswith("  peak GiB") for line in lines) == 2 and "  peak GiB  no points" in lines
+    assert render([]) == "memd remembers no curves yet\n"
+
+
+def test_fetch_asks_page_after_page_and_refuses_a_reply_that_does_not_advance():
+    import pytest
+
+    from memd.cli_curves import fetch
+    from memd.client import DaemonUnavailable
+
+    pages = {None: {"curves": [{"job": "a"}], "next": ["a", "p"]},
+             ("a", "p"): {"curves": [{"job": "b"}], "next": ["b", "p"]},
+             ("b", "p"): {"curves": [{"job": "c"}], "next": None}}
+    asked = []
+
+    def ask(after):
+        asked.append(after)
+        return pages[tuple(after) if after else None]
+
+    assert [c["job"] for c in fetch(ask)] == ["a", "b", "c"] and asked == [None, ["a", "p"], ["b", "p"]]
+    for stuck in ({"curves": [], "next": ["a", "p"]}, {"curves": [{"job": "a"}], "next": [1, 2]},
+                  {"curves": None, "next": None}):
+        with pytest.raises(DaemonUnavailable):
+            fetch(lambda after: stuck)
+    replies = iter([{"curves": [{"job": "b"}], "next": ["b", "p"]}, {"curves": [{"job": "a"}], "next": ["a", "p"]}])
+    with pytest.raises(DaemonUnavailable, match="did not advance"):
+        fetch(lambda after: next(replies))

@@ -15,7 +15,7 @@ Pure functions: no core, no I/O.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from memd.client import protocol
 from memd.state import Memory
@@ -23,7 +23,7 @@ from memd.state import Memory
 PAGE_BYTES = protocol.MAX_MESSAGE_BYTES // 2
 ENTRY_BYTES = 3 * 1024  # the most one entry can take (above); tests check it
 
-Entry = Tuple[str, str, Memory]
+Recall = Callable[[str, str], Memory]  # Store.recall, of a key Store.keys gave
 
 
 def view(job: str, pool: str, memory: Memory) -> Dict[str, Any]:
@@ -37,22 +37,21 @@ def view(job: str, pool: str, memory: Memory) -> Dict[str, Any]:
     }
 
 
-def page(entries: Sequence[Entry], after: Optional[Tuple[str, str]] = None,
+def page(keys: Sequence[Tuple[str, str]], recall: Recall, after: Optional[Sequence[str]] = None,
          budget: int = PAGE_BYTES) -> Dict[str, Any]:
-    """The entries after the cursor ``after`` (sorted by job and pool, as Store.entries gives
-    them) that fit in ``budget`` bytes of msgpack, and the cursor of the next page (None on the
-    last). A page holds at least one entry, so paging always ends."""
-    keys = [(job, pool) for job, pool, _ in entries]
+    """The entries after the cursor ``after`` (``keys`` sorted by job and pool, as Store.keys
+    gives them; ``recall`` is Store.recall) that fit in ``budget`` bytes of msgpack, and the
+    cursor of the next page (None on the last). A page holds at least one entry, so paging
+    always ends."""
     start = 0 if after is None else bisect.bisect_right(keys, tuple(after))
     shown: List[Dict[str, Any]] = []
     used = 0
-    for job, pool, memory in entries[start:]:
-        entry = view(job, pool, memory)
+    for job, pool in keys[start:]:
+        entry = view(job, pool, recall(job, pool))
         size = len(protocol.encode(entry))
         if shown and used + size > budget:
             break
         shown.append(entry)
         used += size
-    more = start + len(shown) < len(entries)
-    return {"curves": shown, "total": len(entries),
-            "next": [shown[-1]["job"], shown[-1]["pool"]] if more else None}
+    more = start + len(shown) < len(keys)
+    return {"curves": shown, "total": len(keys), "next": [shown[-1]["job"], shown[-1]["pool"]] if more else None}

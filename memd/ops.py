@@ -204,7 +204,7 @@ def curves(core: Core, req: Dict[str, Any]) -> Result:
     if after is not None and not (isinstance(after, list) and len(after) == 2 and all(
             isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
         raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)" % MAX_KEY_CHARS)
-    return learned.page(core.store.entries(), after)
+    return learned.page(core.store.keys(), core.store.recall, after)
 
 
 def forget(core: Core, req: Dict[str, Any]) -> Result:

@@ -14,23 +14,22 @@ def store_with(tmp_path, *entries):
     return store
 
 
-# -- StateStore.entries / forget ----------------------------------------------------------------
+# -- StateStore.keys / forget ----------------------------------------------------------------
 
 
-def test_entries_are_sorted_by_job_then_pool_not_by_use(tmp_path):
+def test_keys_are_sorted_by_job_then_pool_not_by_use(tmp_path):
     store = store_with(tmp_path, ("b", "host:59", [(4, 10)], None), ("a", "host:7", [(2, 5)], None),
                        ("a", "gpu:H100:85", [(8, 9)], 7))
     store.recall("b", "host:59")
     store.remember("a", "host:7", [Observation(3, 6)], None)  # the most recent use: last in LRU order
-    listed = [(job, pool) for job, pool, _ in store.entries()]
-    assert listed == [("a", "gpu:H100:85"), ("a", "host:7"), ("b", "host:59")]
-    memory = store.entries()[0][2]
+    assert store.keys() == [("a", "gpu:H100:85"), ("a", "host:7"), ("b", "host:59")]
+    memory = store.recall(*store.keys()[0])
     assert memory.observations == (Observation(8, 9),) and memory.ceiling == 7 and memory.updated > 0
 
 
 def test_a_job_name_with_a_bar_is_split_at_the_pool_key(tmp_path):
     store = store_with(tmp_path, ("team|exp", "host:59", [(4, 10)], None))
-    assert [(job, pool) for job, pool, _ in store.entries()] == [("team|exp", "host:59")]
+    assert store.keys() == [("team|exp", "host:59")] and store.recall("team|exp", "host:59") is not None
     assert store.forget("team") == [] and store.forget("team|exp") == ["host:59"]
 
 
@@ -44,7 +43,7 @@ def test_forget_drops_every_pool_or_one_and_survives_a_reload(tmp_path):
     assert store.flush()
     again = StateStore(str(tmp_path))
     again.load()
-    assert [(job, pool) for job, pool, _ in again.entries()] == [("job2", "host:59")]
+    assert again.keys() == [("job2", "host:59")]
 
 
 def test_forgetting_nothing_changes_nothing(tmp_path):
@@ -68,7 +67,7 @@ def test_load_drops_entries_a_reply_could_not_carry(tmp_path):
     (tmp_path / "curves.json").write_text(json.dumps({"version": 1, "jobs": jobs}))
     store = StateStore(str(tmp_path))
     store.load()
-    assert [job for job, _, _ in store.entries()] == ["ok"]
+    assert store.keys() == [("ok", "host:59")]
 
 
 # -- a `curves` reply's pages -------------------------------------------------------------------
@@ -91,20 +90,22 @@ def test_one_entry_at_its_bounds_fits_entry_bytes(tmp_path):
     from memd.client import protocol
     from memd.curves import ENTRY_BYTES, view
 
-    job, pool, memory = full_store(tmp_path, jobs=1).entries()[0]
+    store = full_store(tmp_path, jobs=1)
+    [(job, pool)] = store.keys()
     assert len(job) + 1 + len(pool) == 512
-    assert len(protocol.encode(view(job, pool, memory))) <= ENTRY_BYTES
+    assert len(protocol.encode(view(job, pool, store.recall(job, pool)))) <= ENTRY_BYTES
 
 
 def test_pages_of_a_full_store_each_fit_a_message_and_show_everything_once(tmp_path):
     from memd.client import protocol
     from memd.curves import page
 
-    entries = full_store(tmp_path).entries()
-    assert len(protocol.encode([list(e[:2]) for e in entries])) > protocol.MAX_MESSAGE_BYTES  # one reply could not
+    store = full_store(tmp_path)
+    keys = store.keys()
+    assert len(protocol.encode(keys)) > protocol.MAX_MESSAGE_BYTES  # not even their names fit one reply
     seen, after, pages = [], None, 0
     while True:
-        result = page(entries, after)
+        result = page(keys, store.recall, after)
         reply = {"v": protocol.VERSION, "id": 2 ** 63 - 1, "ok": True, "result": result}
         assert len(protocol.encode(reply)) <= protocol.MAX_MESSAGE_BYTES
         assert result["total"] == 512 and result["curves"]
@@ -113,22 +114,22 @@ def test_pages_of_a_full_store_each_fit_a_message_and_show_everything_once(tmp_p
         after = result["next"]
         if after is None:
             break
-    assert seen == [e[:2] for e in entries] and pages > 1
+    assert seen == keys and pages > 1
 
 
 def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
     from memd.curves import page
 
     store = store_with(tmp_path, *[("job%d" % i, "host:59", [(4, 10)], None) for i in range(5)])
-    first = page(store.entries(), budget=1)  # one entry a page
+    first = page(store.keys(), store.recall, budget=1)  # one entry a page
     assert [c["job"] for c in first["curves"]] == ["job0"] and first["next"] == ["job0", "host:59"]
     store.forget("job0")
     store.forget("job1")
-    second = page(store.entries(), first["next"], budget=1)
+    second = page(store.keys(), store.recall, first["next"], budget=1)
     assert [c["job"] for c in second["curves"]] == ["job2"]
-    last = page(store.entries(), ["job4", "host:59"])
+    last = page(store.keys(), store.recall, ["job4", "host:59"])
     assert last == {"curves": [], "total": 3, "next": None}
-    everything = page(store.entries())
+    everything = page(store.keys(), store.recall)
     assert [c["job"] for c in everything["curves"]] == ["job2", "job3", "job4"] and everything["next"] is None
     assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "ceiling": None,
                                        "updated": everything["curves"][0]["updated"]}

@@ -1,4 +1,4 @@
-"""memd's command line: serve | status | sample | estimate | doctor | top.
+"""memd's command line: serve | status | curves | forget | sample | estimate | doctor | top.
 
 Every command that talks to a daemon takes --endpoint (default: as the client picks it).
 Errors end with one line on stderr and a non-zero exit code, never a traceback: 1 when no
@@ -11,7 +11,7 @@ import json
 import sys
 from typing import List, Optional
 
-from memd import cli_estimate
+from memd import cli_curves, cli_estimate
 from memd.client import DaemonUnavailable, call, protocol
 from memd.config import ConfigError
 from memd.core import VERSION
@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     _endpoint_args(status)
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(run=_status)
+
+    cli_curves.add_parsers(sub, _endpoint_args)
 
     sample = sub.add_parser("sample", help="take one sample locally (no daemon needed)")
     sample.add_argument("--json", action="store_true", help="machine-readable output")

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import structlog
 
+from memd import curves as learned
 from memd.client import protocol
 from memd.core import VERSION, Core
 from memd.planner import check_remembered, identify, plan_session, prior_from_hints
@@ -21,6 +22,7 @@ from memd.sampling import cgroup as cgroups
 from memd.sampling import procs
 from memd.sampling.snapshot import Cgroup, as_json
 from memd.sessions import Session
+from memd.state import MAX_KEY_CHARS
 
 Result = Dict[str, Any]
 
@@ -206,8 +208,47 @@ def ping(core: Core, req: Dict[str, Any]) -> Result:
     return {"pong": True, "version": VERSION, "uptime_seconds": round(core.uptime(), 3)}
 
 
+def curves(core: Core, req: Dict[str, Any]) -> Result:
+    """What the daemon remembers for the jobs' next runs (`memd curves`), one page at a time.
+
+    Request: optional after ([job, pool], the previous page's next). Reply: curves ([{job, pool,
+    points: [[batch, peak_bytes], ...] (oldest first), ceiling (int or null), updated (unix
+    seconds)}], by job then pool), total (entries remembered), next ([job, pool] to ask for the
+    next page with, or null on the last). A reply stays within MAX_MESSAGE_BYTES (memd.curves).
+    """
+    after = req.get("after")
+    if after is not None and not (isinstance(after, list) and len(after) == 2 and all(
+            isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
+        raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)" % MAX_KEY_CHARS)
+    return learned.page(core.store.keys(), core.store.recall, after)
+
+
+def forget(core: Core, req: Dict[str, Any]) -> Result:
+    """Forget what was learned for a job, in every pool or one (`memd forget`); written to the
+    state file at once. Whoever may connect may call it: they could as well teach the job's
+    curve anything with hello and report (docs/protocol.md, "Who may forget").
+
+    Request: job (str of 1 to 128 characters), optional pool (a pool key as `curves` shows it).
+    Reply: forgotten (curves dropped), sessions (live sessions of the job, in that pool, whose
+    learning until now will not be remembered; their plans are unchanged), saved (false: the
+    state file could not be written, the daemon logged why and retries at its next flush).
+    """
+    job = _str(req, "job", required=True, limit=128)
+    pool = _str(req, "pool", limit=MAX_KEY_CHARS)
+    if not job:
+        raise Invalid("job must not be empty")
+    if pool == "":
+        raise Invalid("pool must not be empty (leave it out to forget every pool)")
+    dropped = core.store.forget(job, pool)
+    sessions = [s for s in core.sessions if s.job == job and (pool is None or s.pool_key == pool)]
+    for session in sessions:
+        session.forget_learned()
+    return {"forgotten": len(dropped), "sessions": len(sessions), "saved": core.store.flush()}
+
+
 HANDLERS: Dict[str, Callable[[Core, Dict[str, Any]], Result]] = {
     "hello": hello, "plan": plan, "report": report, "oom": oom, "bye": bye, "status": status, "ping": ping,
+    "curves": curves, "forget": forget,
 }
 assert set(HANDLERS) == set(protocol.OPS)
 
@@ -232,11 +273,12 @@ def expire(core: Core) -> None:
 
 def remember(core: Core, session: Session) -> None:
     """Keep a session's observations (and OOM ceiling) for the job's next run, under the pool
-    key its hello looked them up with (planner.identify)."""
-    if session.pool_key is None or (not session.observations and session.state.ceiling is None):
+    key its hello looked them up with (planner.identify); only what it learned since its job
+    was last forgotten (Session.learned)."""
+    observations, ceiling = session.learned()
+    if session.pool_key is None or (not observations and ceiling is None):
         return
-    learned = [o for o in session.observations if not o.warmup]
-    core.store.remember(session.job, session.pool_key, learned, session.state.ceiling)
+    core.store.remember(session.job, session.pool_key, observations, ceiling)
 
 
 def _decide(core: Core, session: Session):

@@ -86,6 +86,26 @@ class Session:
     ooms: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
     remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
+    observed: int = 0  # observations ever added (observe), however many the history still holds
+    observed_at: List[int] = field(default_factory=list)  # each kept observation's number (observe)
+    forgotten: Optional[Tuple[int, int]] = None  # (observed, ooms) when its job was last forgotten
+
+    def forget_learned(self) -> None:
+        """`memd forget` of this job: what it learned until now is never remembered (else the
+        next flush or its bye would write the forgotten curve back). Its own plan keeps using
+        it: a running job is not sent back to its default mid-run."""
+        self.forgotten = (self.observed, self.ooms)
+
+    def learned(self) -> Tuple[List[Observation], Optional[int]]:
+        """What may be kept for the job's next run: its observations past the warm-up and its
+        OOM ceiling, both only from after the last forget of its job (a ceiling it started
+        with, or reached before, was forgotten with the curve)."""
+        history = list(self.observations)
+        if self.forgotten is None:
+            return [o for o in history if not o.warmup], self.state.ceiling
+        observed, ooms = self.forgotten
+        since = [o for o, n in zip(history, self.observed_at) if n >= observed]
+        return [o for o in since if not o.warmup], self.state.ceiling if self.ooms > ooms else None
 
     def observe(self, observation: Observation) -> None:
         """Keep a report, at most HISTORY of them. When full, the oldest report of the batch size
@@ -96,8 +116,10 @@ class Session:
             counts = collections.Counter(o.batch for o in self.observations)
             most = max(counts.values())
             victim = next(i for i, o in enumerate(self.observations) if counts[o.batch] == most)
-            del self.observations[victim]
+            del self.observations[victim], self.observed_at[victim]
         self.observations.append(observation)
+        self.observed_at.append(self.observed)
+        self.observed += 1
 
     def note_peak(self, when: float, peak: int) -> None:
         previous = self.held[-1][1] if self.held else 0

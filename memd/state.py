@@ -7,6 +7,7 @@ and memd starts empty rather than not at all. Bounded: the least recently used j
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import stat
@@ -23,6 +24,8 @@ FILE = "curves.json"
 VERSION = 1
 MAX_JOBS = 512
 MAX_POINTS = 32
+MAX_KEY_CHARS = 512  # "job|pool": a job name (128) and a pool key the daemon made; bounds a `curves` entry
+MAX_INT = 2 ** 63 - 1  # what msgpack carries: a hand-edited file's 10**30 would fail every reply that shows it
 TEMP_PREFIX = ".curves."
 _TEMP = re.compile(r"\.curves\.[a-z0-9_]{8}\Z")  # what tempfile.mkstemp(prefix=TEMP_PREFIX) names
 
@@ -50,7 +53,7 @@ class StateStore:
                 data = json.load(f)
             if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("jobs"), dict):
                 raise ValueError("unexpected layout")
-            self._jobs = {k: v for k, v in data["jobs"].items() if _valid_entry(v)}
+            self._jobs = {k: v for k, v in data["jobs"].items() if _valid(k, v)}
         except FileNotFoundError:
             self._jobs = {}
         except (OSError, ValueError) as exc:
@@ -89,16 +92,35 @@ class StateStore:
 
     def recall(self, job: str, pool_key: str) -> Optional[Memory]:
         entry = self._jobs.get(_key(job, pool_key))
-        if entry is None:
-            return None
-        points = tuple(Observation(int(b), int(p)) for b, p in entry["points"])
-        return Memory(points, entry.get("ceiling"), float(entry.get("updated", 0)))
+        return None if entry is None else _memory(entry)
+
+    def keys(self) -> List[Tuple[str, str]]:
+        """What is remembered, as (job, pool key) sorted by job then pool: an order that does
+        not move when a job is used (the LRU order does), so `curves` can page through it with
+        a cursor, and recall() only the page's entries (all 512 of 32 points cost 13 ms)."""
+        return sorted(_split(key) for key in self._jobs)
+
+    def forget(self, job: str, pool_key: Optional[str] = None) -> List[str]:
+        """Drop what was learned for ``job``, in every pool or only ``pool_key``; returns the
+        pool keys dropped, sorted. The store is dirty (flush writes it) only if one was."""
+        dropped = []
+        for key in list(self._jobs):
+            name, pool = _split(key)
+            if name == job and pool_key in (None, pool):
+                del self._jobs[key]
+                dropped.append(pool)
+        if dropped:
+            self.dirty = True
+        return sorted(dropped)
 
     def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int]) -> None:
         points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0][-MAX_POINTS:]
         if not points and ceiling is None:
             return
         key = _key(job, pool_key)
+        if len(key) > MAX_KEY_CHARS:  # cannot happen (a job is 128 characters, NVML's names 96): the bound holds
+            log.warning("job and pool key too long to remember", job=job[:128], pool=pool_key[:128])
+            return
         self._jobs.pop(key, None)  # re-insert: dict order is the LRU order
         self._jobs[key] = {"points": points, "ceiling": ceiling, "updated": time.time()}
         while len(self._jobs) > self.max_jobs:
@@ -140,11 +162,33 @@ def _key(job: str, pool_key: str) -> str:
     return "%s|%s" % (job, pool_key)
 
 
-def _valid_entry(entry: object) -> bool:
-    if not isinstance(entry, dict) or not isinstance(entry.get("points"), list):
+def _split(key: str) -> Tuple[str, str]:
+    """(job, pool key) of a stored key: split at its last "|", since a job name may hold one and
+    the pool keys the daemon makes (planner.pool_key) do not."""
+    job, _, pool = key.rpartition("|")
+    return job, pool
+
+
+def _memory(entry: dict) -> Memory:
+    points = tuple(Observation(int(b), int(p)) for b, p in entry["points"])
+    return Memory(points, entry.get("ceiling"), float(entry.get("updated", 0)))
+
+
+def _valid(key: object, entry: object) -> bool:
+    """An entry as remember() writes it; anything else in the file (edited by hand, or by an older
+    memd) is dropped at load. The bounds are remember()'s too, so one `curves` entry stays a
+    few KiB (memd.curves)."""
+    if not isinstance(key, str) or "|" not in key or len(key) > MAX_KEY_CHARS:
         return False
-    ceiling = entry.get("ceiling")
-    if ceiling is not None and not isinstance(ceiling, int):
+    if not isinstance(entry, dict) or not isinstance(entry.get("points"), list) or len(entry["points"]) > MAX_POINTS:
         return False
-    return all(isinstance(p, list) and len(p) == 2 and all(isinstance(v, int) and v > 0 for v in p)
-               for p in entry["points"])
+    ceiling, updated = entry.get("ceiling"), entry.get("updated", 0)
+    if ceiling is not None and not _count(ceiling):
+        return False
+    if not isinstance(updated, (int, float)) or isinstance(updated, bool) or not math.isfinite(updated):
+        return False
+    return all(isinstance(p, list) and len(p) == 2 and all(_count(v) for v in p) for p in entry["points"])
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INT

@@ -33,8 +33,8 @@ from . import protocol
 from .heap import StepTrimmer, steady_heap, trim_heap
 from .plan import Plan, fallback_plan, split_batch, within_limits
 
-__all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable", "trim_heap",
-           "steady_heap"]
+__all__ = ["Plan", "Session", "suggest_batch", "session", "split_batch", "call", "DaemonUnavailable", "Refused",
+           "trim_heap", "steady_heap"]
 
 # Plain ints: pyzmq's enum flags cost a conversion per call, and these are on the hot path.
 _NOBLOCK, _EVENTS, _POLLIN, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVTIMEO)
@@ -688,6 +688,14 @@ class DaemonUnavailable(Exception):
     """``call`` got no usable reply (absent, too slow, or refused)."""
 
 
+class Refused(DaemonUnavailable):
+    """The daemon answered ``call`` with an error: ``code`` is the protocol's (``invalid``...)."""
+
+    def __init__(self, message: str, code: str):
+        super().__init__(message)
+        self.code = code
+
+
 def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, **fields: Any) -> Dict[str, Any]:
     """One request and its reply, for tools such as ``memd status``; raises DaemonUnavailable.
 
@@ -720,7 +728,8 @@ def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, **fields
         if reply.get("ok") is True and isinstance(reply.get("result"), dict):
             return reply["result"]
         error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
-        raise DaemonUnavailable("%s refused %s: %s" % (endpoint, op, error.get("message", error.get("code", "?"))))
+        raise Refused("%s refused %s: %s" % (endpoint, op, error.get("message", error.get("code", "?"))),
+                      str(error.get("code", "?")))
     except zmq.ZMQError as exc:
         raise DaemonUnavailable("cannot reach %s: %s" % (endpoint, exc)) from None
     finally:

@@ -20,7 +20,7 @@ VERSION = 1
 #: small enough that one session cannot make the daemon hold much.
 MAX_MESSAGE_BYTES = 64 * 1024
 
-OPS = ("hello", "plan", "report", "oom", "bye", "status", "ping")
+OPS = ("hello", "plan", "report", "oom", "bye", "status", "ping", "curves", "forget")
 
 MAX_BATCH = 2 ** 31 - 1  # samples in a batch or an effective batch: torch's int32 indices
 MAX_BYTES = 2 ** 50  # 1 PiB: more memory than any one machine has

@@ -1,0 +1,223 @@
+"""What memd remembers, shown and forgotten: the Store's listing and forgetting, a `curves`
+reply's pages, a session's learning after a forget, and `memd curves`' human output."""
+import json
+
+from memd.policy.fit import Observation
+from memd.state import MAX_POINTS, StateStore
+
+
+def store_with(tmp_path, *entries):
+    store = StateStore(str(tmp_path))
+    store.load()
+    for job, pool, points, ceiling in entries:
+        store.remember(job, pool, [Observation(b, p) for b, p in points], ceiling)
+    return store
+
+
+# -- StateStore.keys / forget ----------------------------------------------------------------
+
+
+def test_keys_are_sorted_by_job_then_pool_not_by_use(tmp_path):
+    store = store_with(tmp_path, ("b", "host:59", [(4, 10)], None), ("a", "host:7", [(2, 5)], None),
+                       ("a", "gpu:H100:85", [(8, 9)], 7))
+    store.recall("b", "host:59")
+    store.remember("a", "host:7", [Observation(3, 6)], None)  # the most recent use: last in LRU order
+    assert store.keys() == [("a", "gpu:H100:85"), ("a", "host:7"), ("b", "host:59")]
+    memory = store.recall(*store.keys()[0])
+    assert memory.observations == (Observation(8, 9),) and memory.ceiling == 7 and memory.updated > 0
+
+
+def test_a_job_name_with_a_bar_is_split_at_the_pool_key(tmp_path):
+    store = store_with(tmp_path, ("team|exp", "host:59", [(4, 10)], None))
+    assert store.keys() == [("team|exp", "host:59")] and store.recall("team|exp", "host:59") is not None
+    assert store.forget("team") == [] and store.forget("team|exp") == ["host:59"]
+
+
+def test_forget_drops_every_pool_or_one_and_survives_a_reload(tmp_path):
+    store = store_with(tmp_path, ("job", "host:59", [(4, 10)], None), ("job", "gpu:H100:85", [(8, 9)], 31),
+                       ("job2", "host:59", [(2, 5)], None))
+    assert store.flush() and not store.dirty
+    assert store.forget("job", "gpu:H100:85") == ["gpu:H100:85"]
+    assert store.dirty and store.recall("job", "host:59") is not None
+    assert store.forget("job") == ["host:59"]
+    assert store.flush()
+    again = StateStore(str(tmp_path))
+    again.load()
+    assert again.keys() == [("job2", "host:59")]
+
+
+def test_forgetting_nothing_changes_nothing(tmp_path):
+    store = store_with(tmp_path, ("job", "host:59", [(4, 10)], None))
+    assert store.flush()
+    assert store.forget("other") == [] and store.forget("job", "host:7") == [] and store.forget("jo") == []
+    assert not store.dirty and len(store) == 1
+
+
+def test_load_drops_entries_a_reply_could_not_carry(tmp_path):
+    good = {"points": [[4, 10]], "ceiling": None, "updated": 1.0}
+    jobs = {
+        "ok|host:59": good,
+        "x" * 600 + "|host:59": good,  # a key no daemon makes
+        "many|host:59": dict(good, points=[[1, 1]] * (MAX_POINTS + 1)),
+        "huge|host:59": dict(good, points=[[4, 10 ** 30]]),  # beyond msgpack
+        "ceil|host:59": dict(good, ceiling=True),
+        "when|host:59": dict(good, updated="yesterday"),
+        "nobar": good,
+    }
+    (tmp_path / "curves.json").write_text(json.dumps({"version": 1, "jobs": jobs}))
+    store = StateStore(str(tmp_path))
+    store.load()
+    assert store.keys() == [("ok", "host:59")]
+
+
+# -- a `curves` reply's pages -------------------------------------------------------------------
+
+
+def full_store(tmp_path, jobs=512):
+    """The Store at its bounds: every job named with 128 four-byte characters, on a long pool
+    key, with MAX_POINTS points of the largest numbers a file may hold."""
+    from memd.state import MAX_INT, MAX_KEY_CHARS
+
+    store = StateStore(str(tmp_path), max_jobs=jobs)
+    pool = "\U0001F600" * (MAX_KEY_CHARS - 129)
+    for i in range(jobs):
+        job = ("%03d" % i) + "\U0001F600" * 125
+        store.remember(job, pool, [Observation(MAX_INT, MAX_INT)] * MAX_POINTS, MAX_INT)
+    return store
+
+
+def test_one_entry_at_its_bounds_fits_entry_bytes(tmp_path):
+    from memd.client import protocol
+    from memd.curves import ENTRY_BYTES, view
+
+    store = full_store(tmp_path, jobs=1)
+    [(job, pool)] = store.keys()
+    assert len(job) + 1 + len(pool) == 512
+    assert len(protocol.encode(view(job, pool, store.recall(job, pool)))) <= ENTRY_BYTES
+
+
+def test_pages_of_a_full_store_each_fit_a_message_and_show_everything_once(tmp_path):
+    from memd.client import protocol
+    from memd.curves import page
+
+    store = full_store(tmp_path)
+    keys = store.keys()
+    assert len(protocol.encode(keys)) > protocol.MAX_MESSAGE_BYTES  # not even their names fit one reply
+    seen, after, pages = [], None, 0
+    while True:
+        result = page(keys, store.recall, after)
+        reply = {"v": protocol.VERSION, "id": 2 ** 63 - 1, "ok": True, "result": result}
+        assert len(protocol.encode(reply)) <= protocol.MAX_MESSAGE_BYTES
+        assert result["total"] == 512 and result["curves"]
+        seen += [(c["job"], c["pool"]) for c in result["curves"]]
+        pages += 1
+        after = result["next"]
+        if after is None:
+            break
+    assert seen == keys and pages > 1
+
+
+def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
+    from memd.curves import page
+
+    store = store_with(tmp_path, *[("job%d" % i, "host:59", [(4, 10)], None) for i in range(5)])
+    first = page(store.keys(), store.recall, budget=1)  # one entry a page
+    assert [c["job"] for c in first["curves"]] == ["job0"] and first["next"] == ["job0", "host:59"]
+    store.forget("job0")
+    store.forget("job1")
+    second = page(store.keys(), store.recall, first["next"], budget=1)
+    assert [c["job"] for c in second["curves"]] == ["job2"]
+    last = page(store.keys(), store.recall, ["job4", "host:59"])
+    assert last == {"curves": [], "total": 3, "next": None}
+    everything = page(store.keys(), store.recall)
+    assert [c["job"] for c in everything["curves"]] == ["job2", "job3", "job4"] and everything["next"] is None
+    assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "ceiling": None,
+                                       "updated": everything["curves"][0]["updated"]}
+    assert isinstance(everything["curves"][0]["updated"], int)
+
+
+# -- what a live session may still remember after a forget ----------------------------------------
+
+
+def make_session():
+    from memd.policy.controller import ControlState, Limits
+    from memd.sessions import Session
+
+    return Session(token="t", sid=1, job="j", pid=1, host="h", local=False, start_time=None, limits=Limits(),
+                   created=0.0, last_seen=0.0, state=ControlState(ceiling=31))
+
+
+def test_a_session_remembers_only_what_it_learned_after_a_forget():
+    session = make_session()
+    for i, batch in enumerate((4, 4, 8)):
+        session.observe(Observation(batch, batch * 10, warmup=i == 0))
+    assert session.learned() == ([Observation(4, 40), Observation(8, 80)], 31)  # the warm-up is never kept
+    session.forget_learned()
+    assert session.learned() == ([], None)  # neither its points nor the ceiling it started with
+    session.observe(Observation(16, 160))
+    assert session.learned() == ([Observation(16, 160)], None)
+    session.ooms += 1  # an OOM after the forget: its ceiling is new learning
+    assert session.learned() == ([Observation(16, 160)], 31)
+
+
+def test_a_forget_long_ago_keeps_the_whole_history():
+    from memd.sessions import HISTORY
+
+    session = make_session()
+    session.observe(Observation(4, 40))
+    session.forget_learned()
+    for _ in range(HISTORY + 5):
+        session.observe(Observation(8, 80))
+    observations, _ = session.learned()
+    # The history keeps its one report at 4 (batch sizes before repeats: Session.observe), which
+    # came before the forget; every other report it holds came after.
+    assert len(session.observations) == HISTORY and session.observations[0] == Observation(4, 40)
+    assert observations == [Observation(8, 80)] * (HISTORY - 1)
+
+
+# -- memd curves, for people and for scripts ------------------------------------------------------
+
+
+def test_render_shows_gib_by_batch_within_80_columns():
+    from memd.cli_curves import render
+
+    GiB = 2 ** 30
+    points = [[b, b * GiB // 4] for b in range(1, 21)] + [[8, 2 * GiB + GiB // 50]] * 3
+    text = render([{"job": "llama-ft", "pool": "gpu:NVIDIA H100 80GB HBM3:85520809984", "points": points,
+                    "ceiling": 31, "updated": 1795523039},
+                   {"job": "only-oom", "pool": "cpu:23", "points": [], "ceiling": 7, "updated": 0}])
+    lines = text.splitlines()
+    assert lines[0] == "memd remembers 2 curves (`memd forget JOB` drops a job's)"
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert "  pool      gpu:NVIDIA H100 80GB HBM3:85520809984" in lines
+    assert "  ceiling   31 (it ran out of memory above)" in lines
+    body = " ".join(text.split())
+    assert "peak GiB at batch 1: 0.25, 2: 0.50," in body
+    assert "8: 2.00-2.02 (4 steps)," in body and "20: 5.00" in body  # one batch's points as their range
+    assert sum(line.startswith("  peak GiB") for line in lines) == 2 and "  peak GiB  no points" in lines
+    assert render([]) == "memd remembers no curves yet\n"
+
+
+def test_fetch_asks_page_after_page_and_refuses_a_reply_that_does_not_advance():
+    import pytest
+
+    from memd.cli_curves import fetch
+    from memd.client import DaemonUnavailable
+
+    pages = {None: {"curves": [{"job": "a"}], "next": ["a", "p"]},
+             ("a", "p"): {"curves": [{"job": "b"}], "next": ["b", "p"]},
+             ("b", "p"): {"curves": [{"job": "c"}], "next": None}}
+    asked = []
+
+    def ask(after):
+        asked.append(after)
+        return pages[tuple(after) if after else None]
+
+    assert [c["job"] for c in fetch(ask)] == ["a", "b", "c"] and asked == [None, ["a", "p"], ["b", "p"]]
+    for stuck in ({"curves": [], "next": ["a", "p"]}, {"curves": [{"job": "a"}], "next": [1, 2]},
+                  {"curves": None, "next": None}):
+        with pytest.raises(DaemonUnavailable):
+            fetch(lambda after: stuck)
+    replies = iter([{"curves": [{"job": "b"}], "next": ["b", "p"]}, {"curves": [{"job": "a"}], "next": ["a", "p"]}])
+    with pytest.raises(DaemonUnavailable, match="did not advance"):
+        fetch(lambda after: next(replies))

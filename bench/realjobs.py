@@ -5,10 +5,11 @@
 Each row is a workload (bench/trainjob.py: real PyTorch training on the CPU) in a memory cgroup
 of a given size (bench/memcg.py: v1 here, v2 where mounted), created and removed per run. Per row:
 
-- feasible: the largest batch that runs, found by probing: short runs (``--probe-steps``) of the
-  same job at a fixed batch, each in a fresh process in a fresh cgroup of the same size; a kill
-  by the kernel's OOM killer means "does not fit". Two pilot runs say where to look; only kills
-  and completions decide.
+- feasible: the largest batch that runs, found by probing: runs of the same job at a fixed batch
+  (``--probe-steps``; with workers, until every worker has read each record about five times:
+  settled_steps), each in a fresh process in a fresh cgroup of the same size; a kill by the
+  kernel's OOM killer means "does not fit". Two pilot runs say where to look; only kills and
+  completions decide.
 - each method (bench/trainjob.py's --method) in a fresh process and cgroup, ``--steps`` steps:
   memd through the public client (reports, suggest_batch() alone, the training helpers), against
   one real `memd serve` started here with its embedded defaults; accelerate's

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import List, Optional
 
@@ -87,7 +88,31 @@ def _parser() -> argparse.ArgumentParser:
 
 def _endpoint_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", metavar="E", help="daemon endpoint (default: as the client picks it)")
-    parser.add_argument("--timeout", metavar="S", type=float, default=2.0, help="seconds to wait for the daemon")
+    parser.add_argument("--timeout", metavar="S", type=_positive_seconds, default=2.0,
+                        help="seconds to wait for the daemon (> 0)")
+
+
+def _exists(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: asks whether the process exists, sends nothing
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def _positive_seconds(text: str) -> float:
+    """--timeout: a number of seconds above 0 (argparse names the flag when this refuses)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number of seconds" % text) from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("%s is not between 0 (excluded) and 3600 seconds" % text)
+    return value
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -135,6 +160,9 @@ def _sample(args: argparse.Namespace) -> int:
     from memd.sampling.sampler import Sampler
     from memd.sampling.snapshot import as_json
 
+    if args.pid is not None and not _exists(args.pid):
+        print("memd: no process %d here (--pid)" % args.pid, file=sys.stderr)
+        return 1
     sampler = Sampler.default()
     try:
         snap = sampler.sample(pid=args.pid)

@@ -175,3 +175,16 @@ def test_top_render_marks_unhealthy_and_unified_gpus():
     assert "UNHEALTHY: GPU is lost" in text and "unified (host RAM)" in text
     assert "30/40" in text and " 50%" in text
     assert "psi   not available" in text and "! nvml: GPU lost" in text
+
+
+def test_bad_timeouts_and_absent_pids_are_refused_with_one_line():
+    """`status --timeout -1` waited no time and said the daemon was absent; `sample --pid
+    999999` printed the machine and exited 0 ("vanished"). Each now says what is wrong, names the
+    flag, and exits non-zero."""
+    for value in ("-1", "0", "abc", "1e9"):
+        out = run_memd(["status", "--timeout", value])
+        assert out.returncode == 2 and "argument --timeout" in out.stderr, (value, out.stderr)
+    out = run_memd(["sample", "--pid", "999999999"])
+    assert out.returncode == 1 and out.stderr.strip() == "memd: no process 999999999 here (--pid)"
+    out = run_memd(["sample", "--pid", str(os.getpid())])  # a live one still reads
+    assert out.returncode == 0 and "processes of %d" % os.getpid() in out.stdout

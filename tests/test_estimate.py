@@ -272,3 +272,14 @@ def test_transformer_costs_the_same_for_any_depth():
     assert deep.params == est.gpt2_params(10 ** 7, 768, 50257, 1024)
     shallow = est.transformer(layers=1, d_model=768, heads=12, vocab=50257, positions=1024, seq_len=1024, batch=8)
     assert shallow.peak_bytes < deep.peak_bytes
+
+
+def test_more_trainable_parameters_than_the_model_has_is_an_error():
+    """`estimate llm --lora-params 9B --params 8B` printed a table; LoRA trains part of a model."""
+    from memd.policy.estimate import EstimateError, llm
+
+    with pytest.raises(EstimateError, match=r"trainable parameters \(9.00B\) cannot exceed the model's parameters \(8.00B\)"):
+        llm(8e9, trainable_params=9e9)
+    assert llm(8e9, trainable_params=20e6).params == 8e9
+    out = run_memd(["estimate", "llm", "--lora-params", "9B", "--params", "8B"])
+    assert out.returncode == 2 and "cannot exceed" in out.stderr

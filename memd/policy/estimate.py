@@ -223,6 +223,10 @@ class LlmEstimate:
     max_batch: Optional[int]  # None without a GPU size or per-sample memory; 0: nothing fits
 
 
+def _count_text(n: float) -> str:
+    return "%.2fB" % (n / 1e9) if n >= 1e9 else "%.0f" % n
+
+
 def llm(params: float, optimizer: str = "adamw", precision: str = "mixed", trainable_params: Optional[float] = None,
         base_quantization: str = "none", zero_stage: int = 0, gpus: int = 1, overhead_bytes: float = 2 * GB,
         margin_bytes: float = 2 * GB, per_sample_bytes: Optional[float] = None,
@@ -237,6 +241,9 @@ def llm(params: float, optimizer: str = "adamw", precision: str = "mixed", train
         raise EstimateError("zero stage must be 0, 1, 2 or 3: %r" % (zero_stage,))
     trainable = params if trainable_params is None else trainable_params
     _positive("trainable_params", trainable)
+    if trainable > params:
+        raise EstimateError("trainable parameters (%s) cannot exceed the model's parameters (%s)" % (
+            _count_text(trainable), _count_text(params)))
     per = bytes_per_param(optimizer, precision)
     base = _choice("base quantization", base_quantization, QUANTIZED_BASE_BYTES)
     frozen = 0.0 if trainable_params is None else params

@@ -129,7 +129,9 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
 
     Request: token, batch_size (int >= 1); optional peak_bytes (int >= 0; absent or null: the
     daemon measures the job itself), base_bytes (memory held between steps), batch_bytes (one
-    batch's tensors, as a loader delivered it), step (int >= 0), step_seconds (number >= 0).
+    batch's tensors, as a loader delivered it), step (int >= 0), step_seconds (number >= 0),
+    loader_workers (int in [0, 1024]: the workers the batch came from; sent by a loader that
+    follows the plan's workers, whose batch is then planned beside the workers the plan keeps).
     Reply: plan.
     """
     session = core.sessions.get(req.get("token"))
@@ -137,6 +139,8 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     peak = _int(req, "peak_bytes")
     base = _int(req, "base_bytes")
     batch_bytes = _int(req, "batch_bytes")
+    if _int(req, "loader_workers") is not None:
+        session.follows_workers = True
     _int(req, "step")
     _number(req, "step_seconds")
     if batch_bytes is not None:

@@ -240,7 +240,7 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
         session.worker_cost = max(session.worker_reached, projected, session.worker_inherited)
         session.worker_growth = ahead
     return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes,
-                       growth=session.worker_growth if job is not None else 0)
+                       growth=session.worker_growth if job is not None else 0, follows=session.follows_workers)
 
 
 def _settling(session: Session) -> bool:

@@ -69,6 +69,9 @@ class Session:
     cgroup: Optional[Cgroup] = None  # the job's memory cgroup as read at hello (None: not local, unreadable)
     pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
+    # Its loader follows the plan's workers (a report said which it ran, as MemdLoader's do): the
+    # batch goes beside the workers the plan keeps, not beside old ones about to be shut down.
+    follows_workers: bool = False
     # The workers' course (planner.worker_facts): each live one's latest job reads (time, CPU
     # seconds, USS) and projection; the most one reached this run; what the workers of a rebuilt
     # loader were on their way to, until a live one levels off; one worker's cost from these.

@@ -238,6 +238,9 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     # The batch goes beside the two that still live until the loader lets one go.
     first = plan(facts)
     assert first.batch_size == 110 and first.num_workers == 1 and "1 of the 4 workers asked for, at 0.61 GiB each, beside the batch" in first.reason, first.reason
+    # A loader that follows the plan (its reports say which workers it ran, loader_workers: MemdLoader) shuts
+    # the second down before the first batch of this plan: the batch goes beside the one kept.
+    assert plan(replace(facts, follows=True)).batch_size == 256 and plan(replace(facts, follows=True)).num_workers == 1
     grown = read(10.0, [(8, 400), (9, 400)])  # at 70 MiB/s each (the last reads), 2 x 222 MiB more ahead
     assert grown.growth == 2 * (622 - 400) * MiB and plan(grown).batch_size < 256
     rebuilt = read(12.0, [(10, 12), (11, 12)])  # fresh forks: counted at what workers reached this run

@@ -48,6 +48,7 @@ class WorkerFacts:
     cost: Optional[int] = None  # what one worker has reached this run, or is growing to (per_worker_cost)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the loader delivered it
     growth: int = 0  # what the live workers are on their way to add (held back from the batch's budget)
+    follows: bool = False  # the job's loader runs the workers the plan keeps (MemdLoader)
 
 
 @dataclass(frozen=True)
@@ -310,9 +311,11 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         largest(lambda k: k < wanted and curve.max_batch(left(k)) >= half)
     # The batch goes beside the workers that live, if more than those kept: a loop with its own
     # DataLoader keeps the workers it built whatever the plan says (the benchmark's job that kept
-    # its 4 was planned a batch beside 1 and killed), and a loader being rebuilt has not let
-    # the old ones go yet.
-    beside = max(kept, len(facts.uss))
+    # its 4 was planned a batch beside 1 and killed). A loader that follows the plan shuts the
+    # old ones down before the first batch of the new plan: beside those kept. (Planned beside
+    # the 4 it was letting go, the benchmark's loader was told batch 1, and its 200 steps there
+    # took 4 s, over before the daemon's next read of its processes.)
+    beside = kept if facts.follows else max(kept, len(facts.uss))
     return (min(budget, left(beside)), kept) if beside else (budget, 0)
 
 

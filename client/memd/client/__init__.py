@@ -152,21 +152,24 @@ class Session:
         return self._plan
 
     def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,
-               step_seconds: Optional[float] = None, batch_bytes: Optional[int] = None) -> None:
+               step_seconds: Optional[float] = None, batch_bytes: Optional[int] = None,
+               loader_workers: Optional[int] = None) -> None:
         """Tell the daemon what a step cost. Never waits, never raises: the reply (a new plan) is
         picked up later; a field that is not a number in its protocol range (NaN, negative, beyond
         1 PiB) is left out with a warning, once, and a report without a usable batch size is dropped.
 
         ``peak_bytes=None`` asks the daemon to measure the job's process tree itself;
         ``batch_bytes``: one batch's tensors (a loader's report: each worker keeps prefetch_factor
-        of them in flight). A step has
+        of them in flight); ``loader_workers``: the workers it came from, sent by a loader that
+        follows the plan's workers (MemdLoader), so the daemon plans its batch beside the
+        workers the plan keeps, not beside those about to be shut down. A step has
         ended, so the C heap first gives back what the step freed (``trim_heap``), while that
         costs at most 5 % of the step and never more than ``timeout``: glibc keeps a CPU step's
         freed activations resident, and the next step's peak rides on them.
         """
         fields: Dict[str, Any] = {}
         given = (("batch_size", batch_size), ("peak_bytes", peak_bytes), ("step", step),
-                 ("step_seconds", step_seconds), ("batch_bytes", batch_bytes))
+                 ("step_seconds", step_seconds), ("batch_bytes", batch_bytes), ("loader_workers", loader_workers))
         for name, value in given:
             if value is not None:
                 checked = _wire_number(value, name, "report", self._warned)

@@ -155,7 +155,9 @@ class MemdLoader:
         self.batches += 1
         if self.report and self._last is not None:
             size, nbytes = self._last
-            self.session.report(size, batch_bytes=nbytes)  # the step since the last batch ran clean
+            # The step since the last batch ran clean; loader_workers says this loader follows the
+            # plan's workers (it shuts the old ones down before the next batch of a new plan).
+            self.session.report(size, batch_bytes=nbytes, loader_workers=self._config[1] if self._config else None)
         self._last = (samples, _nbytes(batch))
 
     def report_oom(self) -> None:

@@ -39,6 +39,7 @@ FIELD_RANGES = {
     "cpus": (0, 65536),  # a number; 0 means unknown
     "peak_bytes": (0, MAX_BYTES), "base_bytes": (0, MAX_BYTES), "batch_bytes": (0, MAX_BYTES),
     "step": (0, 2 ** 53),  # exact as a float
+    "loader_workers": (0, 1024),  # a report's: the DataLoader workers its batch came from
     "step_seconds": (0, 10 ** 9),  # a number
 }
 

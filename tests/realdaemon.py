@@ -1,6 +1,7 @@
 """Start the real `memd serve` as a child process on throwaway endpoints, for end-to-end tests."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -13,6 +14,41 @@ from memd.client import DaemonUnavailable, call
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHONPATH = os.pathsep.join([ROOT, os.path.join(ROOT, "client")])
+
+
+def wait_for(predicate, timeout: float = 5.0, step: float = 0.02):
+    """The predicate's first truthy value within ``timeout`` seconds, else its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return predicate()
+
+
+@contextlib.contextmanager
+def raw_socket(endpoint: str):
+    """A raw DEALER socket to a daemon: yields exchange(*frames, timeout=2.0), which sends the
+    frames and returns the one reply's last frame, decoded (for malformed-request tests)."""
+    import msgpack
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+
+    def exchange(*frames, timeout=2.0):
+        sock.send_multipart(list(frames))
+        assert sock.poll(timeout * 1000, zmq.POLLIN), "no reply to %r" % (frames,)
+        return msgpack.unpackb(sock.recv_multipart()[-1], raw=False)
+
+    try:
+        yield exchange
+    finally:
+        sock.close(0)
+        ctx.term()
 
 
 def free_port() -> int:

@@ -11,19 +11,9 @@ import zmq
 
 from memd import client
 from memd.client import protocol
-from realdaemon import run_memd
+from realdaemon import raw_socket, run_memd, wait_for
 
 GB = 10 ** 9
-
-
-def wait_for(predicate, timeout=5.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def curves(memd):
@@ -151,19 +141,8 @@ def test_curves_and_forget_without_a_daemon_exit_1(tmp_path):
 
 @pytest.fixture
 def raw(memd):
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(memd.endpoint)
-
-    def exchange(op, **fields):
-        sock.send(protocol.encode(protocol.request(op, 7, **fields)))
-        assert sock.poll(2000, zmq.POLLIN), "no reply to %s %r" % (op, fields)
-        return msgpack.unpackb(sock.recv(), raw=False)
-
-    yield exchange
-    sock.close(0)
-    ctx.term()
+    with raw_socket(memd.endpoint) as exchange:
+        yield lambda op, **fields: exchange(protocol.encode(protocol.request(op, 7, **fields)))
 
 
 MALFORMED = [

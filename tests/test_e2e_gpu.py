@@ -1,6 +1,7 @@
 """The real daemon, the real nvidia-ml-py bindings and the real policy over a fake driver
 (tests/fakenvml): GPUs in `memd sample` and `memd status`, GPU budgets, lost GPUs, unified
 memory, and the watchdog going quiet when a driver call hangs."""
+import functools
 import json
 import os
 import socket
@@ -10,7 +11,7 @@ import pytest
 
 from memd import client
 from nobody import as_nobody
-from realdaemon import Daemon, run_memd
+from realdaemon import Daemon, run_memd, wait_for as _wait_for
 
 GiB = 2 ** 30
 TWO_GPUS = """
@@ -19,16 +20,7 @@ gpu GPU-11111111-aaaa total=80GiB used=10GiB reserved=512MiB util=40 name=NVIDIA
 gpu GPU-22222222-bbbb total=80GiB used=30GiB reserved=512MiB util=90 name=NVIDIA H100 80GB HBM3
 proc GPU-22222222-bbbb {pid} 20GiB
 """
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    return predicate()
+wait_for = functools.partial(_wait_for, timeout=10.0, step=0.05)  # NVML reads are slower
 
 
 @pytest.fixture

@@ -7,25 +7,14 @@ import pytest
 import zmq
 
 from memd.client import protocol
+from realdaemon import raw_socket
 
 
 @pytest.fixture
 def raw(memd):
     """A raw DEALER socket to the daemon, and a helper sending frames and reading one reply."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(memd.endpoint)
-
-    def exchange(*frames, timeout=2.0):
-        sock.send_multipart(list(frames))
-        assert sock.poll(timeout * 1000, zmq.POLLIN), "no reply to %r" % (frames,)
-        reply = sock.recv_multipart()
-        return msgpack.unpackb(reply[-1], raw=False)
-
-    yield exchange
-    sock.close(0)
-    ctx.term()
+    with raw_socket(memd.endpoint) as exchange:
+        yield exchange
 
 
 def request(op, **fields):

@@ -6,20 +6,10 @@ import time
 import pytest
 
 from memd import client
-from realdaemon import free_port
+from realdaemon import free_port, wait_for
 
 GB = 10 ** 9
 FRESH = 0.25  # a little more than the plan_fresh_seconds the test daemons run with
-
-
-def wait_for(predicate, timeout=5.0, step=0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def session_view(memd, job):

@@ -4,12 +4,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from memd import client
-from realdaemon import memd_env
+from realdaemon import memd_env, wait_for
 
 torch = pytest.importorskip("torch")
 from memd.client import training  # noqa: E402  (after the skip: the helpers are for torch users)
@@ -45,13 +44,6 @@ def test_without_a_process_group_the_plan_is_unchanged():
     plan = client.Plan(batch_size=6, grad_accum_steps=1, effective_batch_size=6, num_workers=2,
                        prefetch_factor=2, throttle=False, pressure="ok", reason="r", source="daemon")
     assert training.agree(plan) is plan
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_guarded_step_reports_and_turns_an_oom_into_a_smaller_plan(memd):

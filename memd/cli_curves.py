@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from memd.client import DaemonUnavailable, Refused, call, protocol
+from memd.sessions import CLEAN_RUNS
 
 GiB = 2 ** 30
 WIDTH = 80  # `memd curves` fits a terminal of this many columns (a long job name aside)
@@ -65,9 +66,15 @@ def render(curves: List[Dict[str, Any]]) -> str:
         lines += ["", c["job"],
                   _field("pool", c["pool"]),
                   _field("updated", time.strftime("%Y-%m-%d %H:%M", time.localtime(c["updated"]))),
-                  _field("ceiling", "none" if ceiling is None else "%d (it ran out of memory above)" % ceiling)]
+                  _field("ceiling", "none" if ceiling is None else _ceiling(ceiling, c.get("clean_runs") or 0))]
         lines += _wrapped("peak GiB", "at batch", _by_batch(c.get("points") or [])) or [_field("peak GiB", "no points")]
     return "\n".join(lines) + "\n"
+
+
+def _ceiling(ceiling: int, clean_runs: int) -> str:
+    left = max(1, CLEAN_RUNS - clean_runs)
+    return "%d (out of memory above it; lifted after %d more clean run%s)" % (
+        ceiling, left, "" if left == 1 else "s")
 
 
 def _by_batch(points: List[List[int]]) -> List[str]:

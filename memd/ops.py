@@ -107,9 +107,10 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     memory = core.store.recall(session.job, session.pool_key) if session.pool_key is not None else None
     if memory is not None:
         session.remembered = list(memory.observations)
-        if memory.ceiling is not None:  # the last run ran out of memory above it: start below
+        if memory.ceiling is not None:  # an earlier run ran out of memory above it: start below
             session.state = ControlState(ceiling=max(limits.min_batch, memory.ceiling),
                                          stable=core.config.policy.stable_steps)
+            session.inherited_ceiling, session.clean_runs = memory.ceiling, memory.clean_runs
     decision = _decide(core, session)
     return {"token": session.token, "plan": decision.plan.to_wire(), "session_ttl": core.config.session_ttl}
 
@@ -156,6 +157,8 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
         session.latest_peak, session.latest_batch = peak, batch
         session.note_peak(core.clock(), peak)
     session.reports += 1
+    if session.at_ceiling and batch == session.state.batch:
+        session.ceiling_steps += 1  # a clean step held at its ceiling (Session.learned)
     session.state = after_report(session.state, batch)
     core.epoch += 1
     return {"plan": _decide(core, session).plan.to_wire()}
@@ -276,13 +279,14 @@ def expire(core: Core) -> None:
 
 
 def remember(core: Core, session: Session) -> None:
-    """Keep a session's observations (and OOM ceiling) for the job's next run, under the pool
-    key its hello looked them up with (planner.identify); only what it learned since its job
-    was last forgotten (Session.learned)."""
-    observations, ceiling = session.learned()
-    if session.pool_key is None or (not observations and ceiling is None):
+    """Keep a session's observations (and OOM ceiling, with the clean runs at it) for the job's
+    next run, under the key its hello looked them up with (planner.identify); only what it
+    learned since its job was last forgotten (Session.learned). Written again at each flush
+    while it runs: each write is the whole of this run's learning, so none counts twice."""
+    observations, ceiling, clean_runs = session.learned(core.config.policy.stable_steps)
+    if session.pool_key is None or (not observations and ceiling is None and session.inherited_ceiling is None):
         return
-    core.store.remember(session.job, session.pool_key, observations, ceiling)
+    core.store.remember(session.job, session.pool_key, observations, ceiling, clean_runs)
 
 
 def _decide(core: Core, session: Session):
@@ -327,9 +331,9 @@ def _measure_peak(core: Core, session: Session) -> Optional[int]:
     to the job's processes on that GPU (it includes what PyTorch's allocator keeps reserved);
     on the host pool the trainer's peak RSS. None when unknown: a guess from another pool, or
     a partial sum, would teach the curve a wrong point."""
-    if not session.local:
+    if not session.local or session.pool is None:  # not this host's process, or its GPU is unknown
         return None
-    if session.pool not in (None, HOST):
+    if session.pool != HOST:
         job, snapshot = core.jobs.get(session.pid), core.snapshot
         gpu = next((g for g in snapshot.gpus if g.uuid == session.pool), None) if snapshot else None
         if job is None or gpu is None:

@@ -7,6 +7,8 @@ registry of sessions and the pure policy.
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 from dataclasses import replace
 from typing import Dict, Iterable, Optional
 
@@ -49,21 +51,48 @@ def gpu_key(gpu: Gpu) -> str:
 
 
 def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optional[str]:
-    """The pool key a job's curves are looked up and saved under, from what is known when it
-    says hello: its own cgroup (read then, ``session.cgroup``) on the host, the GPU it names
-    on a discrete machine (else the only one, or the one its process already uses; else any,
-    when the host's GPUs are all alike). None when that GPU cannot be told yet: plan_session
-    keys the session by the GPU it is first seen on. Looked up at hello before the job's
-    cgroup was known and saved with it later, an 8 GB cgroup on a 64 GB host read cpu:59 and
-    wrote cpu:7, and every run started from nothing."""
+    """The key a job's curves are looked up and saved under: its pool, from what is known when
+    it says hello, and its configuration (configuration()). The pool: its own cgroup (read
+    then, ``session.cgroup``) on the host, the GPU it names on a discrete machine (else the
+    only one, or the one its process already uses; else any, when the host's GPUs are all
+    alike). None when that GPU cannot be told yet: plan_session keys the session by the GPU it
+    is first seen on. Looked up at hello before the job's cgroup was known and saved with it
+    later, an 8 GB cgroup on a 64 GB host read cpu:59 and wrote cpu:7, and every run started
+    from nothing."""
     if snapshot.memory_model == DISCRETE:
         gpu = budget.find_gpu(snapshot.gpus, session.device_uuid, session.device, session.visible_devices,
                               [session.pid])
         if gpu is not None and gpu.name:
-            return gpu_key(gpu)
+            return gpu_key(gpu) + configuration(session)
         alike = {gpu_key(g) for g in snapshot.gpus if g.name and g.total_bytes}
-        return alike.pop() if len(alike) == 1 else None
-    return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot)
+        if len(alike) == 1:
+            return alike.pop() + configuration(session)
+        if not on_cpu(session):
+            return None
+    return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot) + configuration(session)
+
+
+# Hints that change how the job's data reaches it, not what one of its steps costs.
+NOT_CONFIGURATION = ("num_workers", "prefetch_factor")
+
+
+def configuration(session: Session) -> str:
+    """What else must match for a remembered curve to apply, as a pool key's suffix: the job's
+    model hints and its max and target batch. Runs of one job name with another model size, or
+    another max_batch, are learned apart: an OOM ceiling or a curve from one is not the other's
+    ("" with none of them, the key of a job that says nothing but its name)."""
+    hints = {k: v for k, v in session.hints.items() if k not in NOT_CONFIGURATION}
+    limits = {"max_batch": session.limits.max_batch, "target": session.limits.target}
+    comparable = {k: v for k, v in dict(limits, hints=hints or None).items() if v is not None}
+    if not comparable:
+        return ""
+    text = json.dumps(comparable, sort_keys=True, separators=(",", ":"))
+    return "#" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def on_cpu(session: Session) -> bool:
+    """The job says it trains on the CPU (``device`` "cpu"), on a machine that has GPUs."""
+    return (session.device or "").split(":")[0].strip().lower() == "cpu"
 
 
 def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session], at: float) -> int:
@@ -91,14 +120,17 @@ def share_for(session: Session, pool: budget.Pool, greedy: int, sessions: Iterab
 
 def curve_for(session: Session, noise: float = NOISE, kills: bool = False):
     """The session's curve (``noise``: the peak spread assumed for its pool until its reports
-    show their own; ``kills``: an overshoot there is a kill, see fit). A remembered curve joins
-    the fit once the job's first report agrees with it (check_remembered); before that it is
-    only a prior, so it can lower the first plan but never jump it."""
+    show their own; ``kills``: an overshoot there is a kill, see fit). Until the job's first
+    report past its warm-up, a curve its earlier runs left (same job, pool and configuration:
+    identify) is its curve, with source "remembered": the first plan starts from it, within
+    the pool's room now and no higher than the batches those runs ran (controller). Once that
+    report agrees with it (check_remembered), it joins the fit; a restarted job (a preempted
+    Slurm job, a resumed run) that was planned its default instead re-learned from it."""
     if any(not o.warmup for o in session.observations):
         return fit(list(session.remembered) + list(session.observations), session.prior, noise, kills)
-    remembered = fit(session.remembered) if session.remembered else None
+    remembered = fit(session.remembered, None, noise, kills) if session.remembered else None
     if remembered is not None:
-        return fit([], Prior(int(remembered.fixed_bytes), int(remembered.per_sample_bytes), "remembered"))
+        return replace(remembered, source="remembered")
     return fit([], session.prior)
 
 
@@ -158,7 +190,11 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # budget errs low), so a job memd remembers starts from its curve, not from its default;
     # not on a machine with GPUs, where a host pool means its GPU is not known yet.
     unread = session.local and pool.name == budget.HOST and (job is None or not job.alive) and (
-        session.cgroup is None or bool(session.observations) or snapshot.memory_model == DISCRETE)
+        session.cgroup is None or bool(session.observations))
+    # On a machine with GPUs, a job whose GPU cannot be told (several unlike GPUs, none named,
+    # none used yet) is not budgeted from the host's RAM: two 80 GB GPUs on a 1 TB host gave a
+    # first plan of 430 where 67 fits the GPU. It keeps its default until its GPU is known.
+    gpu_unknown = snapshot.memory_model == DISCRETE and pool.name == budget.HOST and not on_cpu(session)
     # After an out-of-memory error, what the job holds is unknown until its next report, and the
     # pool's free memory cannot be paired with it: the budget paired before stands. Taken as 0,
     # the simulated job near capacity was budgeted without its own 30 GiB and cut to 5 where 21
@@ -166,7 +202,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # their own and overshot it.
     kept = session.budget_bytes if pool.own_bytes is None and session.holding_unknown() else None
     decision = decide(
-        curve, None if gpu_gone or unread else pool, session.limits, session.state, level, cfg,
+        curve, None if gpu_gone or unread or gpu_unknown else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=_settling(session), budget_bytes=kept,
         workers=workers,
@@ -175,19 +211,25 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     if gpu_gone:
         decision = replace(decision, plan=replace(decision.plan, reason="holding %d: GPU %s cannot be read now (lost, "
                                                   "or the driver is down)" % (decision.plan.batch_size, session.pool)))
-    if unread and curve is not None:
+    elif gpu_unknown:
+        decision = replace(decision, plan=replace(decision.plan, reason="%d: which GPU this job runs on is not known "
+                                                  "yet (Session(device=...) names it)" % decision.plan.batch_size))
+    elif unread and curve is not None:
         decision = replace(decision, plan=replace(decision.plan, reason="holding %d: this job's memory has not been "
                                                   "read yet" % decision.plan.batch_size))
-    if curve is not None and pool is not None and not gpu_gone and not unread:
+    if curve is not None and pool is not None and not (gpu_gone or unread or gpu_unknown):
         alone = curve.max_batch(greedy)  # what it would plan for with the pool to itself
         if session.limits.max_batch is not None:
             alone = min(alone, session.limits.max_batch)
         session.wanted_peak_bytes = int(curve.peak(max(alone, session.limits.min_batch)))
     session.plan = decision.plan
     session.state = decision.state
-    session.pool = session.pool if gpu_gone else pool.name
+    session.at_ceiling = decision.at_ceiling
+    # Unknown while its GPU is: the job's peaks are not measured meanwhile (ops._measure_peak),
+    # as host RSS would teach a GPU job's curve the wrong memory.
+    session.pool = session.pool if gpu_gone else None if gpu_unknown else pool.name
     if session.pool_key is None and pool.name != budget.HOST and not gpu_gone:
-        session.pool_key = pool_key(pool, snapshot)  # its GPU was not known at hello (identify)
+        session.pool_key = pool_key(pool, snapshot) + configuration(session)  # its GPU was unknown at hello
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     return decision

@@ -22,6 +22,8 @@ from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
+# Runs that must go clean at a remembered OOM ceiling before it is lifted (Session.learned).
+CLEAN_RUNS = 3
 
 
 class UnknownSession(KeyError):
@@ -92,6 +94,11 @@ class Session:
     observed: int = 0  # observations ever added (observe), however many the history still holds
     observed_at: List[int] = field(default_factory=list)  # each kept observation's number (observe)
     forgotten: Optional[Tuple[int, int]] = None  # (observed, ooms) when its job was last forgotten
+    # An OOM ceiling from earlier runs of its job (at hello), and how many runs since went clean at it
+    inherited_ceiling: Optional[int] = None
+    clean_runs: int = 0
+    at_ceiling: bool = False  # its latest plan was held down by its ceiling
+    ceiling_steps: int = 0  # reports while at_ceiling
 
     def forget_learned(self) -> None:
         """`memd forget` of this job: what it learned until now is never remembered (else the
@@ -99,16 +106,34 @@ class Session:
         it: a running job is not sent back to its default mid-run."""
         self.forgotten = (self.observed, self.ooms)
 
-    def learned(self) -> Tuple[List[Observation], Optional[int]]:
-        """What may be kept for the job's next run: its observations past the warm-up and its
-        OOM ceiling, both only from after the last forget of its job (a ceiling it started
-        with, or reached before, was forgotten with the curve)."""
+    def learned(self, stable_steps: int) -> Tuple[List[Observation], Optional[int], int]:
+        """What may be kept for the job's next run: the points its earlier runs left (while this
+        run's reports agree with them: planner.check_remembered), its observations past the
+        warm-up, its OOM ceiling, and how many runs in a row went clean at that ceiling; all only
+        from after the last forget of its job (a ceiling it started with, or reached before, was
+        forgotten with the curve).
+
+        A ceiling is one failed step's word, and that step may have failed for a reason that is
+        gone (another job's memory on the GPU, a fragmented cache, one long batch). A run that
+        was held at the ceiling for ``stable_steps`` steps and never ran out of memory counts as
+        clean; after CLEAN_RUNS of them the ceiling is lifted and the next run may try above it.
+        Where the ceiling was right, that costs one caught out-of-memory step (and a new
+        ceiling) every CLEAN_RUNS + 1 runs; a ceiling never re-tried cost every later run of a
+        job name the batches above it, for good."""
         history = list(self.observations)
-        if self.forgotten is None:
-            return [o for o in history if not o.warmup], self.state.ceiling
-        observed, ooms = self.forgotten
-        since = [o for o, n in zip(history, self.observed_at) if n >= observed]
-        return [o for o in since if not o.warmup], self.state.ceiling if self.ooms > ooms else None
+        if self.forgotten is None:  # what its earlier runs left, unless this run's reports disagreed
+            kept = list(self.remembered) + [o for o in history if not o.warmup]
+            oomed, inherited = self.ooms > 0, self.inherited_ceiling
+        else:
+            observed, ooms = self.forgotten
+            since = [o for o, n in zip(history, self.observed_at) if n >= observed]
+            kept, oomed, inherited = [o for o in since if not o.warmup], self.ooms > ooms, None
+        if oomed:
+            return kept, self.state.ceiling, 0
+        if inherited is None:
+            return kept, None, 0
+        clean = self.clean_runs + (1 if self.ceiling_steps >= stable_steps else 0)
+        return (kept, None, 0) if clean >= CLEAN_RUNS else (kept, inherited, clean)
 
     def observe(self, observation: Observation) -> None:
         """Keep a report, at most HISTORY of them. When full, the oldest report of the batch size

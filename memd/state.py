@@ -6,6 +6,7 @@ and memd starts empty rather than not at all. Bounded: the least recently used j
 """
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -37,6 +38,7 @@ class Memory:
     observations: Tuple[Observation, ...]
     ceiling: Optional[int]
     updated: float
+    clean_runs: int = 0  # runs since the ceiling that went clean at it (sessions.Session.learned)
 
 
 class StateStore:
@@ -101,28 +103,39 @@ class StateStore:
         return sorted(_split(key) for key in self._jobs)
 
     def forget(self, job: str, pool_key: Optional[str] = None) -> List[str]:
-        """Drop what was learned for ``job``, in every pool or only ``pool_key``; returns the
-        pool keys dropped, sorted. The store is dirty (flush writes it) only if one was."""
+        """Drop what was learned for ``job``, in every pool or only ``pool_key`` (a pool key
+        without its configuration, planner.identify's "#...", names every configuration in that
+        pool); returns the pool keys dropped, sorted. The store is dirty (flush writes it) only
+        if one was."""
         dropped = []
         for key in list(self._jobs):
             name, pool = _split(key)
-            if name == job and pool_key in (None, pool):
+            if name == job and pool_key in (None, pool, pool.partition("#")[0]):
                 del self._jobs[key]
                 dropped.append(pool)
         if dropped:
             self.dirty = True
         return sorted(dropped)
 
-    def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int]) -> None:
-        points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0][-MAX_POINTS:]
-        if not points and ceiling is None:
-            return
+    def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int],
+                 clean_runs: int = 0) -> None:
+        points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0]
+        while len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (Session.observe)
+            counts = collections.Counter(b for b, _ in points)
+            most = max(counts.values())
+            del points[next(i for i, (b, _) in enumerate(points) if counts[b] == most)]
         key = _key(job, pool_key)
+        if not points and ceiling is None:  # nothing left to keep (a lifted ceiling was all there was)
+            if self._jobs.pop(key, None) is not None:
+                self.dirty = True
+            return
         if len(key) > MAX_KEY_CHARS:  # cannot happen (a job is 128 characters, NVML's names 96): the bound holds
             log.warning("job and pool key too long to remember", job=job[:128], pool=pool_key[:128])
             return
         self._jobs.pop(key, None)  # re-insert: dict order is the LRU order
         self._jobs[key] = {"points": points, "ceiling": ceiling, "updated": time.time()}
+        if ceiling is not None and clean_runs:
+            self._jobs[key]["clean"] = clean_runs
         while len(self._jobs) > self.max_jobs:
             del self._jobs[next(iter(self._jobs))]
         self.dirty = True
@@ -171,7 +184,7 @@ def _split(key: str) -> Tuple[str, str]:
 
 def _memory(entry: dict) -> Memory:
     points = tuple(Observation(int(b), int(p)) for b, p in entry["points"])
-    return Memory(points, entry.get("ceiling"), float(entry.get("updated", 0)))
+    return Memory(points, entry.get("ceiling"), float(entry.get("updated", 0)), entry.get("clean", 0))
 
 
 def _valid(key: object, entry: object) -> bool:
@@ -184,6 +197,8 @@ def _valid(key: object, entry: object) -> bool:
         return False
     ceiling, updated = entry.get("ceiling"), entry.get("updated", 0)
     if ceiling is not None and not _count(ceiling):
+        return False
+    if "clean" in entry and not (_count(entry["clean"]) and entry["clean"] < 1000):
         return False
     if not isinstance(updated, (int, float)) or isinstance(updated, bool) or not math.isfinite(updated):
         return False

@@ -131,7 +131,7 @@ def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
     assert last == {"curves": [], "total": 3, "next": None}
     everything = page(store.keys(), store.recall)
     assert [c["job"] for c in everything["curves"]] == ["job2", "job3", "job4"] and everything["next"] is None
-    assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "ceiling": None,
+    assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "ceiling": None, "clean_runs": 0,
                                        "updated": everything["curves"][0]["updated"]}
     assert isinstance(everything["curves"][0]["updated"], int)
 
@@ -139,25 +139,58 @@ def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
 # -- what a live session may still remember after a forget ----------------------------------------
 
 
-def make_session():
+def make_session(**fields):
     from memd.policy.controller import ControlState, Limits
     from memd.sessions import Session
 
     return Session(token="t", sid=1, job="j", pid=1, host="h", local=False, start_time=None, limits=Limits(),
-                   created=0.0, last_seen=0.0, state=ControlState(ceiling=31))
+                   created=0.0, last_seen=0.0, state=ControlState(ceiling=31), **fields)
 
 
 def test_a_session_remembers_only_what_it_learned_after_a_forget():
-    session = make_session()
+    session = make_session(inherited_ceiling=31, remembered=[Observation(2, 20)])
     for i, batch in enumerate((4, 4, 8)):
         session.observe(Observation(batch, batch * 10, warmup=i == 0))
-    assert session.learned() == ([Observation(4, 40), Observation(8, 80)], 31)  # the warm-up is never kept
+    # What its earlier runs left and what it learned (the warm-up never), the ceiling it started with
+    assert session.learned(10) == ([Observation(2, 20), Observation(4, 40), Observation(8, 80)], 31, 0)
     session.forget_learned()
-    assert session.learned() == ([], None)  # neither its points nor the ceiling it started with
+    assert session.learned(10) == ([], None, 0)  # neither its points nor the ceiling it started with
     session.observe(Observation(16, 160))
-    assert session.learned() == ([Observation(16, 160)], None)
+    assert session.learned(10) == ([Observation(16, 160)], None, 0)
     session.ooms += 1  # an OOM after the forget: its ceiling is new learning
-    assert session.learned() == ([Observation(16, 160)], 31)
+    assert session.learned(10) == ([Observation(16, 160)], 31, 0)
+
+
+def test_a_remembered_ceiling_is_lifted_after_three_runs_held_at_it_go_clean():
+    from memd.sessions import CLEAN_RUNS
+
+    assert CLEAN_RUNS == 3
+    held = make_session(inherited_ceiling=31, clean_runs=1, ceiling_steps=10)
+    assert held.learned(10) == ([], 31, 2)  # held at the ceiling for 10 clean steps: one more clean run
+    assert make_session(inherited_ceiling=31, clean_runs=1, ceiling_steps=9).learned(10) == ([], 31, 1)  # too few
+    assert make_session(inherited_ceiling=31, clean_runs=2, ceiling_steps=10).learned(10) == ([], None, 0)  # lifted
+    oomed = make_session(inherited_ceiling=31, clean_runs=2, ceiling_steps=10, ooms=1)
+    assert oomed.learned(10) == ([], 31, 0)  # ran out of memory again: the count starts over
+
+
+def test_remember_keeps_every_batch_size_when_a_run_repeats_one():
+    """32 points at most: the oldest of the most repeated batch size go first, so a long run at
+    one batch does not push the batch sizes an earlier run taught out of the curve."""
+    store = StateStore("/nonexistent")
+    earlier = [Observation(b, b * 10) for b in (4, 8, 16)]
+    store.remember("j", "cpu:7", earlier + [Observation(32, 320 + i) for i in range(40)], 31, 2)
+    memory = store.recall("j", "cpu:7")
+    assert len(memory.observations) == MAX_POINTS and memory.observations[:3] == tuple(earlier)
+    assert memory.observations[-1] == Observation(32, 359) and memory.ceiling == 31 and memory.clean_runs == 2
+    store.remember("j", "cpu:7", [], None)  # a lifted ceiling with no points: nothing left to keep
+    assert store.recall("j", "cpu:7") is None
+
+
+def test_forget_of_a_pool_names_every_configuration_in_it(tmp_path):
+    store = store_with(tmp_path, ("j", "cpu:7", [(4, 10)], None), ("j", "cpu:7#0a1b2c3d", [(4, 10)], None),
+                       ("j", "cpu:15", [(4, 10)], None))
+    assert store.forget("j", "cpu:7") == ["cpu:7", "cpu:7#0a1b2c3d"]
+    assert store.keys() == [("j", "cpu:15")]
 
 
 def test_a_forget_long_ago_keeps_the_whole_history():
@@ -168,7 +201,7 @@ def test_a_forget_long_ago_keeps_the_whole_history():
     session.forget_learned()
     for _ in range(HISTORY + 5):
         session.observe(Observation(8, 80))
-    observations, _ = session.learned()
+    observations, _, _ = session.learned(10)
     # The history keeps its one report at 4 (batch sizes before repeats: Session.observe), which
     # came before the forget; every other report it holds came after.
     assert len(session.observations) == HISTORY and session.observations[0] == Observation(4, 40)
@@ -185,12 +218,13 @@ def test_render_shows_gib_by_batch_within_80_columns():
     points = [[b, b * GiB // 4] for b in range(1, 21)] + [[8, 2 * GiB + GiB // 50]] * 3
     text = render([{"job": "llama-ft", "pool": "gpu:NVIDIA H100 80GB HBM3:85520809984", "points": points,
                     "ceiling": 31, "updated": 1795523039},
-                   {"job": "only-oom", "pool": "cpu:23", "points": [], "ceiling": 7, "updated": 0}])
+                   {"job": "only-oom", "pool": "cpu:23", "points": [], "ceiling": 7, "updated": 0, "clean_runs": 2}])
     lines = text.splitlines()
     assert lines[0] == "memd remembers 2 curves (`memd forget JOB` drops a job's)"
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     assert "  pool      gpu:NVIDIA H100 80GB HBM3:85520809984" in lines
-    assert "  ceiling   31 (it ran out of memory above)" in lines
+    assert "  ceiling   31 (out of memory above it; lifted after 3 more clean runs)" in lines
+    assert "  ceiling   7 (out of memory above it; lifted after 1 more clean run)" in lines
     body = " ".join(text.split())
     assert "peak GiB at batch 1: 0.25, 2: 0.50," in body
     assert "8: 2.00-2.02 (4 steps)," in body and "20: 5.00" in body  # one batch's points as their range

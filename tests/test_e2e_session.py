@@ -235,15 +235,16 @@ def test_learned_curve_survives_restart(memd):
     assert (memd.tmp_path / "state" / "curves.json").exists()
     memd.start()
     with client.Session("remember-me", endpoint=memd.endpoint, timeout=1.0, default_batch=4, max_batch=100000) as s:
-        assert s.plan().batch_size == 4  # no blind jump before the job confirms it is the same
+        first = s.plan()  # where the last run left it, not its default 4 again
+        assert first.batch_size == 8 and "from earlier runs of this job" in first.reason, first
         for _ in range(2):  # a warm-up step, then the one that confirms it
-            s.report(batch_size=4, peak_bytes=GB + 4 * 10 ** 8)
+            s.report(batch_size=8, peak_bytes=GB + 8 * 10 ** 8)
         wait_for(lambda: session_view(memd, "remember-me")["reports"] == 2)
         time.sleep(FRESH)
         plan = s.plan()
     # Two batch sizes known from the last run: the fitted (not merely bounded) curve decides,
-    # and growth in host memory goes at most 2x past the largest batch seen, last run's 8.
-    assert plan.batch_size == 16 and "ramping 4 -> 16" in plan.reason, plan
+    # and growth in host memory goes at most 2x past the largest batch seen, 8.
+    assert plan.batch_size == 16 and "ramping 8 -> 16" in plan.reason, plan
 
 
 def test_an_oom_ceiling_survives_restart(memd):
@@ -274,13 +275,13 @@ def test_a_daemon_killed_outright_keeps_what_live_sessions_learned(start_memd):
         s.close()
     memd.start()
     with client.Session("survivor", endpoint=memd.endpoint, timeout=1.0, default_batch=4, max_batch=100000) as s:
-        s.plan()
+        assert s.plan().batch_size == 8  # the killed run's largest
         for _ in range(2):
-            s.report(batch_size=4, peak_bytes=GB + 4 * 10 ** 8)
+            s.report(batch_size=8, peak_bytes=GB + 8 * 10 ** 8)
         wait_for(lambda: session_view(memd, "survivor")["reports"] == 2)
         time.sleep(FRESH)
         plan = s.plan()
-    assert plan.batch_size == 16 and "ramping 4 -> 16" in plan.reason, plan  # 2x the killed run's widest, 8
+    assert plan.batch_size == 16 and "ramping 8 -> 16" in plan.reason, plan  # 2x the killed run's widest, 8
 
 
 SUGGEST_LOOP = r"""

@@ -7,6 +7,7 @@ from memd.config import Config, PolicyConfig
 from memd.core import Core
 from memd.planner import identify, plan_session
 from memd.policy.controller import Limits
+from memd.policy.fit import Observation
 from memd.sampling.snapshot import CPU, DISCRETE, Gpu, GpuProcess, JobMemory, ProcessMemory, Snapshot, SystemMemory
 from memd.sessions import Session, Sessions
 from memd.state import StateStore
@@ -60,15 +61,17 @@ def test_a_job_in_a_cgroup_smaller_than_the_host_finds_what_it_learned(tmp_path)
     core = host_core(tmp_path, proc_with_job_in_cgroup(tmp_path, 8 * GB))
     first = run(core, (8, 8, 8, 16, 16))
     session = next(iter(core.sessions))
-    assert session.pool_key == "cpu:7" and session.cgroup.limit_bytes == 8 * GB
+    # Its cgroup's 7 GiB, and its configuration (max_batch) after the "#"
+    assert session.pool_key.startswith("cpu:7#") and session.cgroup.limit_bytes == 8 * GB
     assert first["plan"]["batch_size"] == 1 and "no reports yet" in first["plan"]["reason"]  # nothing known yet
     ops.bye(core, {"token": first["token"]})
-    assert core.store.recall("bounded", "cpu:7") is not None
+    assert core.store.recall("bounded", session.pool_key) is not None
     again = run(core, ())
     plan = again["plan"]
-    # Its first plan starts from its curve, within its cgroup: half what the curve allows in
-    # the group's 7 GB left (10 MB a sample), never its default 1 nor the host's 60 GB.
-    assert 1 < plan["batch_size"] < 7 * GB / (10 * MB) / 2 and "prior estimate" in plan["reason"], plan
+    # Its first plan starts from its curve, within its cgroup: the largest batch its first run
+    # ran (the curve allows about 680 in the group's 7 GB left), never its default 1 nor
+    # anything from the host's 60 GB.
+    assert plan["batch_size"] == 16 and "from earlier runs of this job" in plan["reason"], plan
     assert core.sessions.get(again["token"]).remembered
 
 
@@ -81,7 +84,7 @@ def test_a_job_whose_cgroup_cannot_be_read_is_held_until_it_is(tmp_path):
     token = ops.hello(core, dict(job="j", pid=PID, host="here", hints={"fixed_bytes": GB, "per_sample_bytes": MB}))
     assert core.sessions.get(token["token"]).cgroup is None and core.sample_errors["cgroup"] == 1
     assert "has not been read yet" in token["plan"]["reason"]
-    assert core.sessions.get(token["token"]).pool_key == "cpu:59"  # the host's, as the daemon sees it
+    assert core.sessions.get(token["token"]).pool_key.startswith("cpu:59#")  # the host's, as the daemon sees it
 
 
 def gpu(index, uuid, name="H100", total=80 * GB, pids=()):
@@ -96,7 +99,8 @@ def gpu_snapshot(*gpus):
 
 def session(**fields):
     fields.setdefault("limits", Limits())
-    return Session(token="t", sid=1, job="j", pid=PID, host="h", local=True, start_time=None,
+    fields.setdefault("local", True)
+    return Session(token="t", sid=1, job="j", pid=PID, host="h", start_time=None,
                    created=0.0, last_seen=0.0, **fields)
 
 
@@ -129,12 +133,75 @@ def test_a_gpu_unknown_at_hello_is_keyed_by_the_gpu_it_is_first_seen_on():
 def test_a_gpu_job_whose_gpu_is_not_known_yet_is_not_planned_from_host_ram():
     """Its cgroup read at hello bounds a host job's first plan; on a machine with GPUs a host
     pool only means the job's GPU is unknown, and its remembered curve (GPU bytes) must not be
-    budgeted from the host's 900 GB: the plan holds until its memory is read."""
-    from memd.policy.fit import Observation
+    budgeted from the host's 900 GB: the plan holds at its default until its GPU is known,
+    and says so; its job read changes nothing."""
     from memd.sampling.snapshot import Cgroup
 
     s = session(cgroup=Cgroup(1, "/", None, GB), limits=Limits(default_batch=8))
     s.remembered = [Observation(8, 10 * GB), Observation(16, 18 * GB)]
     mixed = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB))
     plan = plan_session(s, mixed, "ok", [s], {}, CFG).plan
-    assert plan.batch_size == 8 and "has not been read yet" in plan.reason, plan
+    assert plan.batch_size == 8 and "which GPU this job runs on is not known yet" in plan.reason, plan
+    job = JobMemory(PID, (ProcessMemory(PID, 1, "python", GB, GB, GB),), None, (), 0.0)
+    plan = plan_session(s, mixed, "ok", [s], {PID: job}, CFG).plan
+    assert plan.batch_size == 8 and "which GPU this job runs on is not known yet" in plan.reason, plan
+    assert s.pool is None  # so its peaks are not measured from host RAM meanwhile (ops._measure_peak)
+
+
+def test_runs_of_another_configuration_are_learned_apart():
+    """Model hints and max/target batch are part of the key (after "#"); how the data is loaded
+    (num_workers, prefetch_factor) is not, nor is the order the hints come in."""
+    from memd.planner import configuration
+
+    plain = session()
+    assert configuration(plain) == ""  # a job that says only its name: the pool key alone
+    small = session(hints={"params": 124_000_000, "layers": 12, "num_workers": 4})
+    same = session(hints={"layers": 12, "params": 124_000_000, "num_workers": 8, "prefetch_factor": 4})
+    large = session(hints={"params": 355_000_000, "layers": 24})
+    capped = session(hints={"params": 124_000_000, "layers": 12}, limits=Limits(max_batch=64))
+    keys = {configuration(s) for s in (small, large, capped)}
+    assert configuration(small) == configuration(same) and len(keys) == 3 and all(k.startswith("#") for k in keys)
+    assert configuration(session(limits=Limits(target=256))) != configuration(session(limits=Limits(max_batch=256)))
+
+
+def test_a_cpu_job_on_a_machine_with_gpus_is_planned_from_host_ram():
+    """device="cpu" says where it runs: its host pool is its pool, keyed and budgeted as such."""
+    s = session(device="cpu", limits=Limits(default_batch=8), cgroup=None, local=False)
+    s.remembered = [Observation(8, 8 * GB), Observation(16, 12 * GB)]
+    mixed = gpu_snapshot(gpu(0, "GPU-a"), gpu(1, "GPU-c", "A100", 40 * GB))
+    assert identify(s, mixed, CFG) == "discrete:931"  # the host RAM, in GiB
+    plan = plan_session(s, mixed, "ok", [s], {}, CFG).plan
+    assert plan.batch_size == 16 and "from earlier runs of this job" in plan.reason, plan
+
+
+def test_an_oom_ceiling_is_re_tried_after_three_clean_runs_held_at_it(tmp_path):
+    """Run 1 runs out of memory above 64: its ceiling, one below, is remembered. Runs 2-4 start
+    at the batch they ran, grow back to the ceiling and go clean there: each is counted (memd curves shows
+    it). After the third the ceiling is lifted, and run 5 grows past 63 to what its curve
+    allows. Not local (no /proc entry): the job's own reports are all the daemon sees."""
+    core = host_core(tmp_path, str(tmp_path / "noproc"))
+
+    def run_job(steps, oom_at=None):
+        reply = ops.hello(core, dict(job="ft", pid=PID, host="there"))
+        token, plan, batches = reply["token"], reply["plan"], []
+        for _ in range(steps):
+            batch = plan["batch_size"]
+            batches.append(batch)
+            if oom_at is not None and batch >= oom_at:
+                plan = ops.oom(core, {"token": token, "batch_size": batch})["plan"]
+                oom_at = None
+                continue
+            plan = ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": GB + batch * 50 * MB})["plan"]
+        ops.bye(core, {"token": token})
+        return batches, core.store.recall("ft", "cpu:59")
+
+    batches, memory = run_job(40, oom_at=64)
+    ceiling = next(b for b in batches if b >= 64) - 1
+    assert memory.ceiling == ceiling and memory.clean_runs == 0, (batches, memory)
+    for clean in (1, 2):
+        batches, memory = run_job(60)
+        assert max(batches) == ceiling and memory.ceiling == ceiling and memory.clean_runs == clean, (batches, memory)
+    batches, memory = run_job(60)
+    assert max(batches) == ceiling and memory.ceiling is None and memory.clean_runs == 0  # lifted
+    batches, memory = run_job(60)
+    assert max(batches) > ceiling, batches  # the curve's room (about 1100 in 60 GB) is tried again

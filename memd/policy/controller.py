@@ -69,6 +69,7 @@ class Decision:
     state: ControlState
     budget_bytes: Optional[int]
     predicted_peak_bytes: Optional[float]
+    at_ceiling: bool = False  # the OOM ceiling held the batch down (a run held there counts toward lifting it)
 
 
 def after_report(state: ControlState, batch: int) -> ControlState:
@@ -101,6 +102,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
     kept = None
+    at_ceiling = False
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
         budget, kept = _beside_workers(limits, workers, curve, budget)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
@@ -124,6 +126,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
                         state.batch, step, state.ceiling, state.stable)
         if limit > state.ceiling:
             limit, reason = state.ceiling, "at the ceiling %d below the batch that ran out of memory" % state.ceiling
+            at_ceiling = True
 
     critical_cut = state.critical_cut
     if level != "critical":
@@ -166,7 +169,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     )
     predicted = curve.peak(batch) if curve is not None else None
     new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap)
-    return Decision(plan, new_state, budget, predicted)
+    return Decision(plan, new_state, budget, predicted, at_ceiling)
 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
@@ -232,6 +235,14 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
             return current, "keeping %d: no memory curve yet" % current
         return start, "starting at %d: no reports yet" % start
     fits = curve.max_batch(budget)
+    if curve.source == "remembered":
+        # Earlier runs of this job in this pool learned it (and this run has not reported past
+        # its warm-up yet): where they say it fits now, no higher than the largest batch they
+        # ran, or than the job's own default if that is larger.
+        ran = max([b for b, _ in curve.observed] + [limits.default_batch or limits.target or 1])
+        first = max(1, min(fits, ran))
+        return first, "%d from earlier runs of this job: predicted peak %.2f GiB of a %.2f GiB budget" % (
+            first, curve.peak(first) / GiB, budget / GiB)
     if curve.source == "prior" and curve.batch_sizes == 0:
         # Only a prior: start no higher than the job's default, or half what the prior allows.
         first = min(start, fits) if limits.default_batch else max(limits.min_batch, fits // 2)

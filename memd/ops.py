@@ -48,7 +48,10 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     protocol.HINT_RANGES range is ignored), nonce (str of 16 to 64 characters: the client
     Session's own secret; a hello whose nonce, pid and host match an open session's is
     answered with that session, its token and plan, so a retry after a lost reply opens no
-    second session).
+    second session), pid_ns (int: the inode of the client's /proc/self/ns/pid) and start_time
+    (int: its start in clock ticks since boot, field 22 of /proc/self/stat): when given, the
+    pid is watched only if they match the daemon's own pid namespace and that pid's start
+    (_local); a job on this host that fails them is planned from its reports, and says why.
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
     """
@@ -79,7 +82,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     nonce = _str(req, "nonce", limit=64)
     if nonce is not None and len(nonce) < 16:
         raise Invalid("nonce must be a string of 16 to 64 characters")
-    local = host == core.host and os.path.exists(os.path.join(core.proc_root, str(pid)))
+    local, unwatched = _local(core, host, pid, _int(req, "pid_ns"), _int(req, "start_time"))
     snapshot = _snapshot(core)
     earlier = core.sessions.find(host, pid, nonce) if nonce is not None else None
     if earlier is not None:  # the same client Session again: its earlier hello's reply was lost
@@ -96,7 +99,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         device=_str(req, "device", limit=64), device_uuid=_str(req, "device_uuid", limit=96),
         visible_devices=_str(req, "cuda_visible_devices", limit=256), hints=dict(hints),
         prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
-        local_world_size=_int(req, "local_world_size"),
+        local_world_size=_int(req, "local_world_size"), unwatched=unwatched,
     )
     held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
     if held is not None:
@@ -197,7 +200,8 @@ def status(core: Core, req: Dict[str, Any]) -> Result:
     Request: nothing. Reply: version, host, uptime_seconds, pressure_level, snapshot (the
     `memd sample --json` fields), sessions: [{job, pid, host, rank, pool, reports, ooms,
     latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, ceiling, plan, pool_key (what
-    its curve is remembered under; null while its GPU cannot be told)}].
+    its curve is remembered under; null while its GPU cannot be told), unwatched (why a job on
+    this host is not measured here, or null)}].
     """
     snapshot = core.snapshot
     return {
@@ -315,6 +319,33 @@ def _snapshot(core: Core):
     return core.snapshot
 
 
+def _local(core: Core, host: str, pid: int, pid_ns: Optional[int],
+           start_time: Optional[int]) -> Tuple[bool, Optional[str]]:
+    """Whether the pid a hello names is the client's own process here, which the daemon may
+    measure, reset the peak of and watch; and if not, though the job is on this host, why (for
+    its plan). A job in another pid namespace (a container sharing the hostname) names a pid
+    that here is an unrelated process: pid_ns and start_time, when the client sends them, tell.
+    A pid_ns the daemon cannot check against its own is not trusted: measuring a stranger is
+    the harm this prevents, and a client that read its namespace runs on a kernel that shows
+    the daemon its own, unless the daemon's /proc hides it (or the client's host is another
+    machine of the same name)."""
+    if host != core.host:
+        return False, None  # another machine: planned from its reports, as ever
+    here = os.path.exists(os.path.join(core.proc_root, str(pid)))
+    if pid_ns is not None:
+        own = procs.pid_namespace("self", core.proc_root)
+        if own is None:
+            return False, "pid %d cannot be checked (the daemon cannot read its own pid namespace)" % pid
+        if own != pid_ns:
+            return False, ("pid %d here is another process (this job is in another pid namespace)" % pid if here
+                           else "this job is in another pid namespace")
+    if not here:
+        return False, None
+    if start_time is not None and procs.process_start_time(pid, core.proc_root) != start_time:
+        return False, "pid %d here is another process (it started at another time than this job)" % pid
+    return True, None
+
+
 def _job_cgroup(core: Core, pid: int) -> Optional[Cgroup]:
     """The job's own memory cgroup, read as it says hello (through /proc/PID/cgroup, as the
     sampler reads it): the pool its curves are kept under and its first plan's bound, known
@@ -353,6 +384,7 @@ def _session_view(s: Session) -> Result:
         "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes,
         "predicted_peak_bytes": int(s.predicted_peak_bytes) if s.predicted_peak_bytes is not None else None,
         "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
+        "unwatched": s.unwatched,
     }
 
 

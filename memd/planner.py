@@ -222,6 +222,9 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
         if session.limits.max_batch is not None:
             alone = min(alone, session.limits.max_batch)
         session.wanted_peak_bytes = int(curve.peak(max(alone, session.limits.min_batch)))
+    if session.unwatched is not None:  # its pid here is not its process: nothing of it is measured
+        decision = replace(decision, plan=replace(decision.plan, reason="%s; %s: planned from its reports" % (
+            decision.plan.reason, session.unwatched)))
     session.plan = decision.plan
     session.state = decision.state
     session.at_ceiling = decision.at_ceiling

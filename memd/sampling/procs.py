@@ -138,6 +138,15 @@ def process_start_time(pid: int, proc_root: str = "/proc") -> Optional[int]:
         return None
 
 
+def pid_namespace(pid: object = "self", proc_root: str = "/proc") -> Optional[int]:
+    """The inode of a process's pid namespace (/proc/PID/ns/pid), None when unreadable: two
+    processes mean the same process by a pid only when this is the same for both."""
+    try:
+        return os.stat(os.path.join(proc_root, str(pid), "ns", "pid")).st_ino
+    except OSError:
+        return None
+
+
 def _stat(base: str) -> Tuple[int, str, Optional[float]]:
     """(ppid, name, CPU seconds used: user + system)."""
     with open(os.path.join(base, "stat")) as f:

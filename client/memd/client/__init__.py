@@ -316,6 +316,7 @@ class Session:
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
         fields.update(_distributed_identity())
+        fields.update(_process_identity())
         fields.update(_device_identity(self.device))
         cpus = usable_cpus()
         if cpus:
@@ -602,6 +603,25 @@ def _default_job(argv: Optional[list] = None, main: Any = None, orig_argv: Optio
         return "python-c:%s" % hashlib.sha256(command.encode("utf-8", "replace")).hexdigest()[:12]
     name = os.path.basename(first) if first not in ("", "-") else ""
     return name or "python"
+
+
+def _process_identity(proc_root: str = "/proc") -> Dict[str, Any]:
+    """This process's pid namespace (the inode of /proc/self/ns/pid) and start time (clock
+    ticks since boot, field 22 of /proc/self/stat), each left out when unreadable (not Linux).
+    The daemon watches the hello's pid only when both match what it reads for that pid: in a
+    container sharing the host's name, the pid names an unrelated process in the daemon's view."""
+    fields: Dict[str, Any] = {}
+    try:
+        fields["pid_ns"] = os.stat(os.path.join(proc_root, "self", "ns", "pid")).st_ino
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(proc_root, "self", "stat")) as f:
+            fields["start_time"] = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        pass
+    return {name: value for name, value in fields.items()
+            if protocol.FIELD_RANGES[name][0] <= value <= protocol.FIELD_RANGES[name][1]}
 
 
 def _distributed_identity() -> Dict[str, Any]:

@@ -32,6 +32,10 @@ MAX_RANKS = 2 ** 20  # processes of one distributed job
 #: with ``invalid`` naming the field; floats must be finite.
 FIELD_RANGES = {
     "pid": (1, 2 ** 32 - 1),  # a pid_t, or a Windows process id
+    # hello's: the inode of /proc/self/ns/pid (an ino_t) and the start in clock ticks since boot
+    # (an unsigned long long). Only compared, never computed with: the types' own ranges, so
+    # that no real value is ever refused (a refused hello leaves the job without a plan).
+    "pid_ns": (1, 2 ** 64 - 1), "start_time": (0, 2 ** 64 - 1),
     "min_batch": (1, MAX_BATCH), "max_batch": (1, MAX_BATCH), "default_batch": (1, MAX_BATCH),
     "target_effective_batch": (1, MAX_BATCH), "batch_size": (1, MAX_BATCH),
     "rank": (0, MAX_RANKS - 1), "local_rank": (0, MAX_RANKS - 1),

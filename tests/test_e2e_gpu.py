@@ -309,3 +309,50 @@ def test_an_out_of_memory_error_keeps_the_budget_until_the_next_report(tmp_path,
             assert after["plan"]["batch_size"] == int(grown * 0.75), after["plan"]["reason"]
     finally:
         daemon.stop()
+
+
+UNLIKE_GPUS = """
+driver 550.54.15
+gpu GPU-11111111-aaaa total=80GiB used=1GiB reserved=512MiB util=0 name=NVIDIA H100 80GB HBM3
+gpu GPU-33333333-cccc total=40GiB used=1GiB reserved=512MiB util=0 name=NVIDIA A100-SXM4-40GB
+"""
+
+
+def test_a_job_whose_gpu_cannot_be_told_keeps_its_default_until_it_can(tmp_path, fake_nvml):
+    """Two unlike GPUs, a job that names neither and uses neither yet: no budget from the host's
+    RAM (which its hints would have turned into a batch in the thousands), its default and a
+    reason that says why, even after its reports; once its process is on a GPU, that GPU plans
+    it. A job that says it trains on the CPU is planned from host RAM."""
+    fake_nvml.write(UNLIKE_GPUS)
+    memd = Daemon(tmp_path, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.1"}).start()
+    try:
+        hints = {"fixed_bytes": 2 * GiB, "per_sample_bytes": GiB // 8}
+        s = client.Session("untold", endpoint=memd.endpoint, timeout=1.0, default_batch=8, hints=hints)
+        with s:
+            plan = s.plan()
+            assert plan.batch_size == 8 and "which GPU this job runs on is not known yet" in plan.reason, plan
+            for batch in (8, 8, 8):
+                s.report(batch_size=batch, peak_bytes=3 * GiB)
+            assert wait_for(lambda: next(v for v in memd.call("status")["sessions"])["reports"] == 3)
+            s._plan_expires = 0
+            plan = s.plan()
+            assert plan.batch_size == 8 and "not known yet" in plan.reason, plan
+            assert memd.call("status")["sessions"][0]["pool_key"] is None
+            on_a100 = UNLIKE_GPUS.replace("total=40GiB used=1GiB", "total=40GiB used=4GiB")
+            fake_nvml.write(on_a100 + "proc GPU-33333333-cccc %d 3GiB\n" % os.getpid())  # CUDA starts on the A100
+
+            def on_gpu():
+                s._plan_expires = 0
+                reason = s.plan().reason  # decided on the latest sample, which status then shows
+                view = memd.call("status")["sessions"][0]
+                return view if view["pool"] == "GPU-33333333-cccc" and "not known" not in reason else None
+
+            view = wait_for(on_gpu)
+            assert view is not None and view["pool_key"].startswith("gpu:NVIDIA A100-SXM4-40GB:%d#" % (40 * GiB)), view
+            assert view["budget_bytes"] < 40 * GiB  # the A100's room, not the host's
+        with client.Session("on-cpu", endpoint=memd.endpoint, timeout=1.0, default_batch=8, hints=hints,
+                            device="cpu") as cpu:
+            plan = cpu.plan()
+            assert "not known" not in plan.reason and "prior estimate" in plan.reason, plan
+    finally:
+        memd.stop()

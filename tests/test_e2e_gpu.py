@@ -114,6 +114,32 @@ def test_session_is_budgeted_on_its_own_gpu(gpu_memd):
         assert view["plan"]["batch_size"] == int(8 * view["budget_bytes"] / (18 * GiB))
 
 
+def test_a_base_above_the_reported_peaks_does_not_flatten_the_curve(gpu_memd):
+    """Memory held between steps (base_bytes) above every reported peak is not in the peaks'
+    units (it counts the CUDA context, or the whole process): taken as it was, it flattened the
+    line, and a job whose reports 8 and 16 fit was planned 1,048,576 samples."""
+    memd, _ = gpu_memd
+    # Over the wire (the Python client sends no base): this process, which the driver shows on GPU 2
+    token = memd.call("hello", job="based", pid=os.getpid(), host=socket.gethostname(), default_batch=8)["token"]
+    for batch in (8, 8, 8, 16, 16):  # a warm-up step, then two batch sizes
+        memd.call("report", token=token, batch_size=batch, peak_bytes=2 * GiB + batch * GiB // 4, base_bytes=40 * GiB)
+
+    def planned():
+        plan = memd.call("plan", token=token)["plan"]
+        found = next(v for v in memd.call("status")["sessions"] if v["job"] == "based")
+        return (found, plan) if found["pool"] == "GPU-22222222-bbbb" and plan["reason"].startswith(
+            "%d fits" % plan["batch_size"]) else None
+
+    found = wait_for(planned)
+    assert found is not None
+    view, plan = found
+    # The line through the peaks, 2 GiB + 0.25 GiB a sample, in the budget, less the spread the
+    # curve allows for a GPU's peaks; never more (the base taken as it was: 1,048,576)
+    line = (view["budget_bytes"] - 2 * GiB) // (GiB // 4)
+    assert 0.8 * line <= plan["batch_size"] <= line, (plan, view)
+    memd.call("bye", token=token)
+
+
 def test_status_shows_gpus_and_survives_a_lost_gpu(gpu_memd):
     memd, fake = gpu_memd
     gpus = memd.call("status")["snapshot"]["gpus"]

@@ -244,6 +244,14 @@ def test_find_gpu_by_uuid_then_visible_devices_then_processes():
     assert find_gpu(gpus) is None  # two GPUs and nothing to tell them apart
 
 
+def test_find_gpu_takes_no_index_from_digits_int_refuses():
+    """"²".isdigit() is true and int("²") raises: a hello naming it was an internal error (bench/fuzz.py)."""
+    gpus = [gpu(0, "GPU-aaaa"), gpu(1, "GPU-bbbb")]
+    assert find_gpu(gpus, device="cuda:²") is None
+    assert find_gpu(gpus, device="cuda:0", visible="²,1") is None
+    assert find_gpu(gpus, device="cuda:1", visible="²,1").uuid == "GPU-bbbb"
+
+
 # -- controller --------------------------------------------------------------------------------
 
 def test_first_plan_is_the_default_or_a_cautious_prior():

@@ -105,9 +105,9 @@ def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Opt
         if index < len(entries):
             entry = entries[index]
             for gpu in healthy:
-                if entry.isdigit() and gpu.index == int(entry) and gpu.mig_parent_uuid is None:
+                if _digits(entry) and gpu.index == int(entry) and gpu.mig_parent_uuid is None:
                     return gpu
-                if not entry.isdigit() and _bare_uuid(gpu.uuid).startswith(_bare_uuid(entry)):
+                if not _digits(entry) and _bare_uuid(gpu.uuid).startswith(_bare_uuid(entry)):
                     return gpu
     pid_set = set(pids)
     for gpu in healthy:
@@ -196,4 +196,11 @@ def _cuda_index(device: Optional[str]) -> Optional[int]:
     text = str(device).strip().lower()
     if text.startswith("cuda:"):
         text = text[5:]
-    return int(text) if text.isdigit() else None
+    return int(text) if _digits(text) else None
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() is true of "²", which int() refuses (a hello naming
+    device "cuda:²" raised ValueError on a machine with GPUs: `internal`, and a session opened
+    whose token its client never got)."""
+    return text.isascii() and text.isdigit()

@@ -159,7 +159,12 @@ class Server:
         if dropped or not _valid_envelope(envelope):
             envelope = envelope[:1]  # answered, never echoed back to its sender
         try:
-            self.sock.send_multipart(envelope + [protocol.encode(reply)], _NOBLOCK)
+            data = protocol.encode(reply)
+        except Exception as exc:  # a result msgpack cannot carry (an int past 64 bits) once ended the daemon
+            reply, _, outcome = self._failed(op, exc, reply.get("id"))
+            data = protocol.encode(reply)
+        try:
+            self.sock.send_multipart(envelope + [data], _NOBLOCK)
         except zmq.ZMQError:
             outcome = "unsent"  # the peer is gone or not reading; ROUTER would drop it anyway
         self.observe(op, outcome, time.perf_counter() - start)
@@ -204,12 +209,17 @@ class Server:
         except Invalid as exc:
             code, message = protocol.INVALID, str(exc)
         except Exception as exc:  # a bug in a handler (any other ValueError too) must not take the daemon down
-            held = self.throttle.allow((op, type(exc).__name__))
-            if held is not None:  # one message can repeat a bug as fast as a peer sends it
-                log.exception("handler failed", op=op, error=type(exc).__name__, held_back=held)
-            code, message = protocol.INTERNAL, "internal error: %s" % type(exc).__name__
-        error = {"v": protocol.VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
-        return error, op, code
+            return self._failed(op, exc, request_id)
+        return _error(request_id, code, message), op, code
+
+    def _failed(self, op: str, exc: Exception, request_id: Any):
+        """A daemon bug as an ``internal`` reply; its traceback logged (call it in the except
+        block) at most once a minute per op and error: one message can repeat a bug as fast as
+        a peer sends it."""
+        held = self.throttle.allow((op, type(exc).__name__))
+        if held is not None:
+            log.exception("handler failed", op=op, error=type(exc).__name__, held_back=held)
+        return _error(request_id, protocol.INTERNAL, "internal error: %s" % type(exc).__name__), op, protocol.INTERNAL
 
     def close(self) -> None:
         if self.sock is not None:
@@ -227,6 +237,10 @@ class Server:
 def _valid_envelope(envelope: List[bytes]) -> bool:
     """The peer's identity, and a REQ socket's empty delimiter if it is one."""
     return len(envelope) == 1 or (len(envelope) == 2 and envelope[1] == b"")
+
+
+def _error(request_id: Any, code: str, message: str) -> Dict[str, Any]:
+    return {"v": protocol.VERSION, "id": request_id, "ok": False, "error": {"code": code, "message": message}}
 
 
 class _Error(Exception):

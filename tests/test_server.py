@@ -67,3 +67,28 @@ def test_each_peer_may_queue_a_bounded_number_of_messages(tmp_path):
         assert srv.sock.getsockopt(zmq.MAXMSGSIZE) == 4 * protocol.MAX_MESSAGE_BYTES
     finally:
         srv.close()
+
+
+def test_a_result_msgpack_cannot_carry_is_internal_and_the_server_goes_on(tmp_path):
+    """status once showed a prediction of 2**71 bytes: its reply raised OverflowError out of the
+    poll loop and the daemon exited (found by bench/fuzz.py)."""
+    import zmq
+
+    srv = Server("ipc://%s/s.sock" % tmp_path, {"status": lambda request: {"huge": 2 ** 70},
+                                                "ping": lambda request: {"pong": True}})
+    srv.bind()
+    sock = srv.context.socket(zmq.DEALER)
+    sock.connect(srv.endpoint)
+    try:
+        with capture_logs() as logs:
+            for op in ("status", "ping"):
+                sock.send(protocol.encode(protocol.request(op, 9)))
+                assert srv.poll(2.0) == 1
+                assert sock.poll(2000)
+                answer = protocol.decode(sock.recv())
+                assert answer["id"] == 9 and answer["ok"] == (op == "ping")
+        assert answer["result"] == {"pong": True}
+        assert [(e["event"], e["op"], e["error"]) for e in logs] == [("handler failed", "status", "OverflowError")]
+    finally:
+        sock.close(0)
+        srv.close()

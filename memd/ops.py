@@ -382,7 +382,8 @@ def _session_view(s: Session) -> Result:
         "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool, "pool_key": s.pool_key,
         "reports": s.reports, "ooms": s.ooms, "latest_batch": s.latest_batch,
         "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes,
-        "predicted_peak_bytes": int(s.predicted_peak_bytes) if s.predicted_peak_bytes is not None else None,
+        # A plan held far past its curve (its GPU not known) predicted 2**71: more than msgpack carries
+        "predicted_peak_bytes": min(int(s.predicted_peak_bytes), 2 ** 63 - 1) if s.predicted_peak_bytes is not None else None,
         "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
         "unwatched": s.unwatched,
     }

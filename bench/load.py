@@ -8,22 +8,23 @@
 rate: N clients, each its own DEALER with a session of its own (hello first), send R requests a
 second each for S seconds, open loop (on a fixed schedule, whether or not replies came): plans
 and reports (a synthetic job's peaks at the batch it was last planned) in the given share.
-Reports sent, answered, lost (no reply within 5 s of the end: 0 is the goal), errors by code,
-latency p50/p99/max (send to reply, as the client sees it), how far the senders fell behind
-their schedule, and the daemon's CPU (utime + stime from /proc/PID/stat) per request and as a
-share of one core.
+Reports sent, answered, dropped (the client's queue full), lost (no reply within 5 s of the
+end), errors by code, latency p50/p99/max (send to reply, as the client sees it), how far the
+senders fell behind their schedule, and the daemon's CPU (utime + stime from /proc/PID/stat)
+per request and as a share of one core, beside its idle share (its own sampling).
 
-sessions: the same with the documented cap, 256 sessions reporting 10 times a second each (the
+sessions: the same at the documented cap, 256 sessions reporting 10 times a second each (the
 issue's target: within half a core here).
 
 kill: clients train (memd.client.Session: plan, a step, report) throughout while the daemon is
-killed with SIGKILL and started again ``--kills`` times, each after 1 to 3 s of training. After
-each kill the state file is read (valid JSON of the layout memd writes, or absent: else
-corrupt), and after each restart the temp files of writes cut short must be gone. Counts corrupt
-state files and clients that crashed or that a call blocked past its timeout (all 0 is the
-goal), and compares what each job was told after a restart with what it had been told before
+killed with SIGKILL and started again ``--kills`` times, each after 1 to 3 s of training
+(``--settle``). After each kill the state file is read (valid JSON of the layout memd writes,
+or absent: else corrupt), and after each restart the temp files of writes cut short must be
+gone. Counts corrupt state files and clients that crashed or that a call blocked past its
+timeout, and compares what each job was told after a restart with what it had been told before
 the kill (the batch it had learned). ``--during-writes`` kills the moment a state write is under
 way (a temp file exists), with ``--flush-interval`` short enough that writes are frequent.
+Exits 1 when a check fails; the summary says which.
 """
 from __future__ import annotations
 
@@ -48,7 +49,6 @@ import zmq  # noqa: E402
 from memd.client import protocol  # noqa: E402
 
 GiB, MiB = 2 ** 30, 2 ** 20
-IDLE = 3.0  # seconds the daemon's CPU is read idle, before the load
 DRAIN = 5.0  # seconds after the last send within which a reply still counts
 SLACK = 0.010  # seconds past a Session's timeout that a call may take before it counts as blocked
 
@@ -162,10 +162,10 @@ def run_rate(args) -> Dict[str, Any]:
             if here.recv() != "ready":
                 raise RuntimeError("a load process failed to start")
         idle = daemon.cpu_seconds()
-        time.sleep(IDLE)  # its own sampling costs the daemon this much with nobody asking
+        time.sleep(args.idle)  # its own sampling costs the daemon this much with nobody asking
         start = time.monotonic() + 0.5
         cpu0, rss0 = daemon.cpu_seconds(), daemon.rss_bytes()
-        idle = (cpu0 - idle) / IDLE
+        idle = (cpu0 - idle) / args.idle
         for here in pipes:
             here.send(start)
         tallies = [here.recv() for here in pipes]
@@ -271,9 +271,9 @@ def run_kills(args) -> Dict[str, Any]:
         trainers.append((proc, here))
     kills: List[Dict[str, Any]] = []
     try:
-        time.sleep(3.0)  # the jobs start and learn
+        time.sleep(args.settle)  # the jobs start and learn
         for _ in range(args.kills):
-            time.sleep(rng.uniform(1.0, 3.0))
+            time.sleep(rng.uniform(args.settle / 3, args.settle))
             killed_at = time.time()
             during = kill_once(daemon, args.during_writes)
             found = state_file(daemon.state_dir)
@@ -281,7 +281,7 @@ def run_kills(args) -> Dict[str, Any]:
             kills.append({"at": killed_at, "back_at": time.time(), "during_write": during, "state": found,
                           "temps_after_restart": len(temp_files(daemon.state_dir)),
                           "moved_aside": os.path.exists(os.path.join(daemon.state_dir, "curves.json.corrupt"))})
-        time.sleep(3.0)  # what the jobs are told after the last restart
+        time.sleep(args.settle)  # what the jobs are told after the last restart
     finally:
         for _, here in trainers:
             here.send("stop")
@@ -352,7 +352,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--report-share", type=float, help="reports among requests: default 0.5 (rate), 1 (sessions)")
     parser.add_argument("--procs", type=int, default=1, help="load processes the clients are spread over")
+    parser.add_argument("--idle", type=float, default=3.0, help="seconds the idle daemon's CPU is read first")
     parser.add_argument("--kills", type=int, default=50)
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="seconds of training before the first kill and after the last; kills come "
+                             "settle/3 to settle seconds apart")
     parser.add_argument("--timeout", type=float, default=0.05, help="the training Sessions' timeout (kill)")
     parser.add_argument("--flush-interval", type=float, help="the daemon's flush_interval (kill; default its own)")
     parser.add_argument("--during-writes", action="store_true", help="kill while a state write is under way")

@@ -42,7 +42,7 @@ from memdproc import MemdProcess, commit, machine, percentiles  # noqa: E402
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
-from memd.client import protocol  # noqa: E402
+from memd.client import DaemonUnavailable, Refused, call, protocol  # noqa: E402
 
 MB = 10 ** 6
 RSS_LIMIT, STALL_LIMIT = 100 * MB, 0.100  # the issue's criteria: bytes, seconds
@@ -369,6 +369,7 @@ class Stats:
         self.probe: Dict[str, List] = {"ping": [], "plan": [], "failures": []}
         self.exit_codes: List[Optional[int]] = []
         self.tracebacks = 0
+        self.late_hello: List[str] = []  # per transport: a new job's hello after the fuzzing
 
     def answer(self, kind: str, frames: List[bytes], data: bytes, forge: Forge) -> None:
         try:
@@ -409,7 +410,7 @@ def probe(endpoint: str, timeout: float, interval: float, stop) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
     session = Session("fuzz-probe", endpoint=endpoint, timeout=timeout, default_batch=32, max_batch=4096)
-    while session.plan().source != "daemon":  # its session is open before the hellos fill the table
+    while session.plan().source != "daemon":
         time.sleep(interval)
     stop.send("ready")
     out: Dict[str, List] = {"ping": [], "plan": [], "failures": []}
@@ -447,80 +448,114 @@ def fake_gpus(directory: str) -> Dict[str, str]:
     return env(build(directory), config, {})
 
 
+class Attack:
+    """One daemon on one transport, the probe beside it, and the hostile sockets."""
+
+    def __init__(self, transport: str, env: Dict[str, str], forge: Forge, stats: Stats, probe_timeout: float):
+        self.forge, self.stats = forge, stats
+        self.daemon = MemdProcess(transport, env=dict(env, MEMD_POLICY_PLAN_FRESH_SECONDS="0.001")).start()
+        endpoint = self.daemon.endpoint
+        self.probe, there = multiprocessing.get_context("spawn").Pipe()
+        self.prober = multiprocessing.get_context("spawn").Process(
+            target=probe, args=(endpoint, probe_timeout, 0.02, there), daemon=True)
+        self.prober.start()
+        self.ctx = zmq.Context()
+        self.peers = [Peer(self.ctx, endpoint, zmq.DEALER) for _ in range(3)] + [Peer(self.ctx, endpoint, zmq.REQ)]
+        self.doomed = self.ctx.socket(zmq.DEALER)  # sends frames over the cap; its connection is closed each time
+        self.doomed.setsockopt(zmq.LINGER, 0)
+        self.doomed.connect(endpoint)
+
+    def wait_for_probe(self) -> None:
+        """Until the probe's Session is open: the hello floods fill the table at once."""
+        if not self.probe.poll(30) or self.probe.recv() != "ready":
+            raise RuntimeError("the probe did not start")
+
+    def stage(self, name: str, count: int, seconds: float, make) -> None:
+        """``count`` messages from ``make()`` (or ``seconds``), then every reply, then the RSS."""
+        deadline, sent, checked = time.monotonic() + seconds, 0, 0.0
+        while sent < count and time.monotonic() < deadline:
+            kind, message = make()
+            if name == "mixed" and self.forge.rng.random() < 0.0005:
+                self.overframe()
+            else:
+                peer = self.peers[3] if sent % 8 == 7 and len(message) == 1 else self.peers[sent % 3]  # a REQ every 8th
+                peer.send(kind, message, self.stats, self.forge)
+                peer.collect(self.stats, self.forge)
+            sent += 1
+            if time.monotonic() - checked > 0.01:
+                checked = time.monotonic()
+                self.watch(name)
+        for peer in self.peers:
+            while peer.pending:
+                peer.collect(self.stats, self.forge, wait=True)
+        self.watch(name)
+        self.stats.hwm[name] = max(self.stats.hwm.get(name, 0), self.daemon.hwm_bytes() or 0)
+        time.sleep(1.5)  # what the daemon keeps: it trims its heap at most once a second
+        self.stats.kept[name] = max(self.stats.kept.get(name, 0), self.daemon.rss_bytes() or 0)
+
+    def overframe(self) -> None:
+        try:
+            self.doomed.send_multipart(self.forge.overframe(), zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return  # still reconnecting after the last one
+        self.stats.sent["overframe"] += 1
+        self.stats.frames += 1
+        self.stats.silent["overframe"] += 1
+
+    def watch(self, stage: str) -> None:
+        """Read the daemon's RSS; if it died, count the crash (with the messages in flight, the
+        culprit among them) and start it again."""
+        stats, daemon = self.stats, self.daemon
+        rss = daemon.rss_bytes()
+        if rss is not None:
+            stats.rss[stage] = max(stats.rss.get(stage, 0), rss)
+        if not daemon.alive():
+            stats.crashes.append({"stage": stage, "exit": daemon.proc.returncode, "log": daemon.log_tail(2000),
+                                  "in_flight": [_show(f) for peer in self.peers for _, f in peer.pending]})
+            for peer in self.peers:
+                stats.unanswered.update(kind for kind, _ in peer.pending)
+                peer.reopen()
+            daemon.start()
+
+    def late_hello(self) -> str:
+        """What a job that starts after the fuzzing is told: the hello floods took every session
+        slot for session_ttl (docs/security.md)."""
+        try:
+            call("hello", endpoint=self.daemon.endpoint, timeout=2.0, job="late-arrival", pid=os.getpid(),
+                 host=socket.gethostname())
+            return "ok"
+        except Refused as exc:
+            return exc.code
+        except DaemonUnavailable:
+            return "no reply"
+
+    def close(self) -> None:
+        self.probe.send("stop")
+        if self.probe.poll(60):
+            for name, values in self.probe.recv().items():
+                self.stats.probe[name].extend(values)
+        self.prober.join(5)
+        for peer in self.peers:
+            peer.sock.close(0)
+        self.doomed.close(0)
+        self.ctx.term()
+        self.stats.tracebacks += self.daemon.tracebacks()
+        self.stats.exit_codes.append(self.daemon.stop(remove=True))
+
+
 def fuzz_transport(transport: str, frames: int, seconds: float, forge: Forge, stats: Stats,
                    probe_timeout: float, bulk: int, env: Dict[str, str]) -> None:
-    """One daemon on one transport: ``frames`` mixed messages (or ``seconds``), then ``bulk``
-    messages of many large frames, the probe running throughout."""
-    daemon = MemdProcess(transport, env=dict(env, MEMD_POLICY_PLAN_FRESH_SECONDS="0.001")).start()
-    spawn = multiprocessing.get_context("spawn")
-    here, there = spawn.Pipe()
-    prober = spawn.Process(target=probe, args=(daemon.endpoint, probe_timeout, 0.02, there), daemon=True)
-    prober.start()
-    ctx = zmq.Context()
-    peers = [Peer(ctx, daemon.endpoint, zmq.DEALER) for _ in range(3)] + [Peer(ctx, daemon.endpoint, zmq.REQ)]
-    doomed = ctx.socket(zmq.DEALER)  # sends frames over the cap; its connection is closed each time
-    doomed.setsockopt(zmq.LINGER, 0)
-    doomed.connect(daemon.endpoint)
+    """``frames`` mixed messages (or ``seconds``), then ``bulk`` messages of many large frames,
+    the probe running throughout; then a new job's hello."""
+    attack = Attack(transport, env, forge, stats, probe_timeout)
     try:
-        if not here.poll(30) or here.recv() != "ready":
-            raise RuntimeError("the probe did not start")
-        stages = (("mixed", frames, seconds, forge.next), ("bulk", bulk, math.inf, lambda: ("bulk", forge.bulk())))
-        for stage, count, limit, make in (s for s in stages if s[1] > 0):
-            deadline, sent, checked = time.monotonic() + limit, 0, 0.0
-            while sent < count and time.monotonic() < deadline:
-                kind, message = make()
-                peer = peers[3] if sent % 8 == 7 and len(message) == 1 else peers[sent % 3]  # a REQ every 8th
-                if stage == "mixed" and forge.rng.random() < 0.0005:
-                    kind, message, peer = "overframe", forge.overframe(), None
-                if peer is None:
-                    try:
-                        doomed.send_multipart(message, zmq.NOBLOCK, copy=False)
-                        stats.sent[kind] += 1
-                        stats.frames += 1
-                        stats.silent[kind] += 1
-                    except zmq.Again:
-                        pass  # still reconnecting after the last one
-                else:
-                    peer.send(kind, message, stats, forge)
-                    peer.collect(stats, forge)
-                sent += 1
-                if time.monotonic() - checked > 0.01:
-                    checked = time.monotonic()
-                    _watch(daemon, stage, stats, peers)
-            for peer in peers:
-                while peer.pending:
-                    peer.collect(stats, forge, wait=True)
-            _watch(daemon, stage, stats, peers)
-            stats.hwm[stage] = max(stats.hwm.get(stage, 0), daemon.hwm_bytes() or 0)
-            time.sleep(1.5)  # what the daemon keeps: it trims its heap at most once a second
-            stats.kept[stage] = max(stats.kept.get(stage, 0), daemon.rss_bytes() or 0)
+        attack.wait_for_probe()
+        attack.stage("mixed", frames, seconds, forge.next)
+        if bulk:
+            attack.stage("bulk", bulk, math.inf, lambda: ("bulk", forge.bulk()))
+        stats.late_hello.append(attack.late_hello())
     finally:
-        here.send("stop")
-        if here.poll(60):
-            for name, values in here.recv().items():
-                stats.probe[name].extend(values)
-        prober.join(5)
-        for peer in peers:
-            peer.sock.close(0)
-        doomed.close(0)
-        ctx.term()
-        stats.tracebacks += daemon.tracebacks()
-        stats.exit_codes.append(daemon.stop(remove=True))
-
-
-def _watch(daemon: MemdProcess, stage: str, stats: Stats, peers: List[Peer]) -> None:
-    """Read the daemon's RSS; if it died, count the crash and start it again."""
-    rss = daemon.rss_bytes()
-    if rss is not None:
-        stats.rss[stage] = max(stats.rss.get(stage, 0), rss)
-    if not daemon.alive():
-        in_flight = [_show(frames) for peer in peers for _, frames in peer.pending]  # the culprit among them
-        stats.crashes.append({"stage": stage, "exit": daemon.proc.returncode, "log": daemon.log_tail(2000),
-                              "in_flight": in_flight})
-        for peer in peers:
-            stats.unanswered.update(kind for kind, _ in peer.pending)
-            peer.reopen()
-        daemon.start()
+        attack.close()
 
 
 def summary(stats: Stats, args, wall: float) -> Dict[str, Any]:
@@ -552,7 +587,8 @@ def summary(stats: Stats, args, wall: float) -> Dict[str, Any]:
         "rss_max_bytes_sampled": dict(stats.rss), "rss_hwm_bytes": dict(stats.hwm),
         "rss_kept_bytes": dict(stats.kept), "stall_ms": stall, "probe_plan_ms": plan,
         "probe_timeout_ms": args.probe_timeout * 1e3, "probe_failures": len(stats.probe["failures"]),
-        "probe_failure_examples": stats.probe["failures"][:5], "checks": checks, "passed": all(checks.values()),
+        "probe_failure_examples": stats.probe["failures"][:5], "late_hello": stats.late_hello,
+        "checks": checks, "passed": all(checks.values()),
     }
 
 
@@ -582,6 +618,7 @@ def markdown(s: Dict[str, Any]) -> str:
         "- probe Session.plan(): %s; failures %d (timeout %.0f ms)" % (
             ms(s["probe_plan_ms"]), s["probe_failures"], s["probe_timeout_ms"]),
         "- unanswered: %s; bad replies: %d" % (counts(s["unanswered"]) or 0, s["bad_replies"]),
+        "- a new job's hello after the fuzzing: %s" % ", ".join(s["late_hello"]),
         "- replies by code: %s" % counts(s["replies_by_code"]),
         "", "| kind | sent | replies by code |", "|---|---|---|"]
     lines += ["| %s | %d | %s |" % (kind, n, counts(s["replies_by_kind"].get(kind, {})) or "none by design")

@@ -37,6 +37,9 @@ MAX_FRAMES = 3  # the peer's identity, a REQ socket's empty delimiter, the body
 # Messages queued per peer while the daemon is busy: a client has a plan and at most 16 reports
 # in flight; 1000 let 8 peers park 1.9 GB in a stall.
 RCVHWM = 64
+# Replies queued per peer that does not read them (beyond, ROUTER drops them): with 255 sessions a
+# status reply is 187 KB, and 1000 let each such peer park 187 MB in the daemon (4 peers: 796 MB).
+SNDHWM = 64
 TRIM_AFTER = 1 << 20  # bytes of dropped frames after which the C heap is trimmed (at most once a second)
 _NOBLOCK, _EVENTS, _POLLIN, _RCVMORE = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 
@@ -62,7 +65,7 @@ class Server:
         sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES * 4)
-        sock.setsockopt(zmq.SNDHWM, 1000)
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
         if self.curve_secret_key is not None:
             sock.curve_secretkey = self.curve_secret_key

@@ -58,12 +58,13 @@ def test_an_internal_error_is_logged_once_a_minute_per_op_and_error(server):
 def test_each_peer_may_queue_a_bounded_number_of_messages(tmp_path):
     import zmq
 
-    from memd.server import RCVHWM
+    from memd.server import RCVHWM, SNDHWM
 
     srv = Server("ipc://%s/s.sock" % tmp_path, {})
     srv.bind()
     try:
         assert srv.sock.getsockopt(zmq.RCVHWM) == RCVHWM == 64  # was 1000: 8 peers parked 1.9 GB in a stall
+        assert srv.sock.getsockopt(zmq.SNDHWM) == SNDHWM == 64  # was 1000: 187 MB of unread status replies a peer
         assert srv.sock.getsockopt(zmq.MAXMSGSIZE) == 4 * protocol.MAX_MESSAGE_BYTES
     finally:
         srv.close()

@@ -9,7 +9,8 @@ truncated and oversized msgpack, a wrong type or an out-of-range number (huge, n
 infinite) in every field of every op, hostile strings, nested and oversized structures, extra,
 empty and many frames, frames over libzmq's cap, unknown ops and versions; and requests that are
 well formed but hostile: hello floods that fill every session slot, claims on other processes,
-reports and OOMs with tokens other sessions were given, forged tokens, forget and status floods.
+reports and OOMs with tokens other sessions were given, forged tokens, forget and status floods,
+status asked by two peers that never read the replies.
 Messages are the frames counted. A final stage ("bulk") sends messages of many large frames,
 which libzmq holds whole before the daemon sees them: its memory is reported apart.
 
@@ -366,7 +367,8 @@ class Stats:
         self.hwm: Dict[str, int] = {}  # stage: VmHWM at its end (the largest RSS ever, so far)
         self.kept: Dict[str, int] = {}  # stage: VmRSS 1.5 s after its end
         self.crashes: List[Dict[str, Any]] = []
-        self.probe: Dict[str, List] = {"ping": [], "plan": [], "failures": []}
+        self.probe: Dict[str, List] = {"ping": [], "plan": [], "failures": []}  # ping: (when, seconds)
+        self.windows: List[Tuple[str, float, float]] = []  # (stage, from, to): the probe's pings by stage
         self.exit_codes: List[Optional[int]] = []
         self.tracebacks = 0
         self.late_hello: List[str] = []  # per transport: a new job's hello after the fuzzing
@@ -421,7 +423,7 @@ def probe(endpoint: str, timeout: float, interval: float, stop) -> None:
         sock.send(protocol.encode(protocol.request("ping", n)))
         while sock.poll(30_000, zmq.POLLIN) and protocol.decode(sock.recv()).get("id") != n:
             pass
-        out["ping"].append(time.perf_counter() - start)
+        out["ping"].append((time.time(), time.perf_counter() - start))
         start = time.perf_counter()
         plan = session.plan()
         took = time.perf_counter() - start
@@ -464,6 +466,14 @@ class Attack:
         self.doomed = self.ctx.socket(zmq.DEALER)  # sends frames over the cap; its connection is closed each time
         self.doomed.setsockopt(zmq.LINGER, 0)
         self.doomed.connect(endpoint)
+        self.deaf = []  # ask for status and never read the replies: the daemon queues them, up to its SNDHWM
+        for _ in range(2):
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.setsockopt(zmq.RCVBUF, 4096)
+            sock.connect(endpoint)
+            self.deaf.append(sock)
 
     def wait_for_probe(self) -> None:
         """Until the probe's Session is open: the hello floods fill the table at once."""
@@ -472,11 +482,14 @@ class Attack:
 
     def stage(self, name: str, count: int, seconds: float, make) -> None:
         """``count`` messages from ``make()`` (or ``seconds``), then every reply, then the RSS."""
-        deadline, sent, checked = time.monotonic() + seconds, 0, 0.0
+        deadline, sent, checked, began = time.monotonic() + seconds, 0, 0.0, time.time()
         while sent < count and time.monotonic() < deadline:
             kind, message = make()
-            if name == "mixed" and self.forge.rng.random() < 0.0005:
+            odds = self.forge.rng.random() if name == "mixed" else 1.0
+            if odds < 0.0005:
                 self.overframe()
+            elif odds < 0.005:
+                self.unread_status(sent)
             else:
                 peer = self.peers[3] if sent % 8 == 7 and len(message) == 1 else self.peers[sent % 3]  # a REQ every 8th
                 peer.send(kind, message, self.stats, self.forge)
@@ -489,6 +502,7 @@ class Attack:
             while peer.pending:
                 peer.collect(self.stats, self.forge, wait=True)
         self.watch(name)
+        self.stats.windows.append((name, began, time.time()))
         self.stats.hwm[name] = max(self.stats.hwm.get(name, 0), self.daemon.hwm_bytes() or 0)
         time.sleep(1.5)  # what the daemon keeps: it trims its heap at most once a second
         self.stats.kept[name] = max(self.stats.kept.get(name, 0), self.daemon.rss_bytes() or 0)
@@ -501,6 +515,15 @@ class Attack:
         self.stats.sent["overframe"] += 1
         self.stats.frames += 1
         self.stats.silent["overframe"] += 1
+
+    def unread_status(self, n: int) -> None:
+        try:
+            self.deaf[n % 2].send(_pack(self.forge.valid("status")), zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        self.stats.sent["unread_status"] += 1
+        self.stats.frames += 1
+        self.stats.silent["unread_status"] += 1
 
     def watch(self, stage: str) -> None:
         """Read the daemon's RSS; if it died, count the crash (with the messages in flight, the
@@ -537,7 +560,8 @@ class Attack:
         self.prober.join(5)
         for peer in self.peers:
             peer.sock.close(0)
-        self.doomed.close(0)
+        for sock in [self.doomed] + self.deaf:
+            sock.close(0)
         self.ctx.term()
         self.stats.tracebacks += self.daemon.tracebacks()
         self.stats.exit_codes.append(self.daemon.stop(remove=True))
@@ -562,7 +586,10 @@ def summary(stats: Stats, args, wall: float) -> Dict[str, Any]:
     codes = sum(stats.replies.values(), collections.Counter())
     sent = sum(stats.sent.values())
     mixed = sent - stats.sent["bulk"]
-    stall, plan = percentiles(stats.probe["ping"]), percentiles(stats.probe["plan"])
+    stall, plan = percentiles([s for _, s in stats.probe["ping"]]), percentiles(stats.probe["plan"])
+    stall_by_stage = {stage: percentiles([s for at, s in stats.probe["ping"] if any(
+        name == stage and begin <= at <= end for name, begin, end in stats.windows)])
+        for stage in sorted({name for name, _, _ in stats.windows})}
     checks = {
         "frames sent": mixed >= args.frames if args.seconds is None else True,
         "no crash": not stats.crashes and all(c == 0 for c in stats.exit_codes),
@@ -585,7 +612,8 @@ def summary(stats: Stats, args, wall: float) -> Dict[str, Any]:
         "bad_replies": stats.bad_replies, "malformed_accepted_examples": dict(stats.accepted),
         "crashes": stats.crashes, "exit_codes": stats.exit_codes, "tracebacks_logged": stats.tracebacks,
         "rss_max_bytes_sampled": dict(stats.rss), "rss_hwm_bytes": dict(stats.hwm),
-        "rss_kept_bytes": dict(stats.kept), "stall_ms": stall, "probe_plan_ms": plan,
+        "rss_kept_bytes": dict(stats.kept), "stall_ms": stall, "stall_ms_by_stage": stall_by_stage,
+        "probe_plan_ms": plan,
         "probe_timeout_ms": args.probe_timeout * 1e3, "probe_failures": len(stats.probe["failures"]),
         "probe_failure_examples": stats.probe["failures"][:5], "late_hello": stats.late_hello,
         "checks": checks, "passed": all(checks.values()),
@@ -614,7 +642,8 @@ def markdown(s: Dict[str, Any]) -> str:
             len(s["crashes"]), s["exit_codes"], s["tracebacks_logged"]),
         "- RSS: sampled max %s; VmHWM after %s; 1.5 s later %s" % (
             mb(s["rss_max_bytes_sampled"]), mb(s["rss_hwm_bytes"]), mb(s["rss_kept_bytes"])),
-        "- stall (the probe's ping): %s" % ms(s["stall_ms"]),
+        "- stall (the probe's ping): %s; %s" % (ms(s["stall_ms"]), "; ".join(
+            "%s: %s" % (stage, ms(p)) for stage, p in s["stall_ms_by_stage"].items())),
         "- probe Session.plan(): %s; failures %d (timeout %.0f ms)" % (
             ms(s["probe_plan_ms"]), s["probe_failures"], s["probe_timeout_ms"]),
         "- unanswered: %s; bad replies: %d" % (counts(s["unanswered"]) or 0, s["bad_replies"]),

@@ -175,7 +175,13 @@ def run_rate(args) -> Dict[str, Any]:
             proc.join(5)
     finally:
         exit_code = daemon.stop()
-    latency = [x for t in tallies for x in t["latency"]]
+    return rate_summary(args, tallies, wall, cpu, idle, [rss0, rss], exit_code)
+
+
+def rate_summary(args, tallies: List[Dict], wall: float, cpu: float, idle: float, rss: List[int],
+                 exit_code: Optional[int]) -> Dict[str, Any]:
+    """The load processes' tallies together, and the daemon's CPU per answer (``cpu`` seconds
+    over ``wall``, its own sampling costing ``idle`` of a core)."""
     sent, answered = sum(t["sent"] for t in tallies), sum(t["answered"] for t in tallies)
     dropped = sum(t["dropped"] for t in tallies)
     errors = sum((t["errors"] for t in tallies), collections.Counter())
@@ -184,13 +190,15 @@ def run_rate(args) -> Dict[str, Any]:
         "report_share": args.report_share, "load_processes": args.procs,
         "offered": sent + dropped, "sent": sent, "dropped_queue_full": dropped, "answered": answered,
         "lost": sum(t["lost"] for t in tallies), "errors": dict(errors),
-        "sent_per_second": round(sent / args.seconds), "answered_per_second": round(answered / wall), "senders_behind_max_ms": round(max(t["behind"] for t in tallies) * 1e3, 1),
-        "latency_ms": percentiles(latency), "daemon_cpu_seconds": round(cpu, 2),
-        "daemon_cpu_share": round(cpu / wall, 3), "daemon_idle_cpu_share": round(idle, 3),
-        "daemon_cpu_us_per_request": round(cpu / max(1, answered) * 1e6, 1),
+        "sent_per_second": round(sent / args.seconds), "answered_per_second": round(answered / wall),
+        "senders_behind_max_ms": round(max(t["behind"] for t in tallies) * 1e3, 1),
+        "latency_ms": percentiles([x for t in tallies for x in t["latency"]]),
+        "daemon_cpu_seconds": round(cpu, 2), "daemon_cpu_share": round(cpu / wall, 3),
+        "daemon_idle_cpu_share": round(idle, 3), "daemon_cpu_us_per_request": round(cpu / max(1, answered) * 1e6, 1),
         "daemon_cpu_us_per_request_less_idle": round(max(0.0, cpu - idle * wall) / max(1, answered) * 1e6, 1),
-        "daemon_rss_bytes": [rss0, rss], "daemon_exit_code": exit_code,
-        "checks": {"0 lost": sent > 0 and sent == answered and not dropped, "no error replies": not errors, "daemon exited 0": exit_code == 0},
+        "daemon_rss_bytes": rss, "daemon_exit_code": exit_code,
+        "checks": {"0 lost": sent > 0 and sent == answered and not dropped, "no error replies": not errors,
+                   "daemon exited 0": exit_code == 0},
     }
 
 
@@ -321,7 +329,7 @@ def kill_summary(args, kills: List[Dict], steps: List[List[tuple]], exits: List[
         "fallback_steps": sum(1 for job_steps in steps for s in job_steps if s[2] != "daemon"),
         "restarts_compared": len(told), "told_any_less": sum(1 for b, a, _ in told if a < b),
         "told_under_95pct": len(less),
-        "median_before_after": [statistics.median(t[0] for t in told), statistics.median(t[1] for t in told)] if told else None,
+        "median_before_after": [statistics.median(t[i] for t in told) for i in (0, 1)] if told else None,
         "examples_told_less": [[b, a, why[:160]] for b, a, why in less[:6]],
         "seconds_back_to_95pct_median": round(statistics.median(r for r in recovered if r is not None), 2)
         if any(r is not None for r in recovered) else None,
@@ -340,7 +348,8 @@ def markdown(s: Dict[str, Any]) -> str:
              "`%s` at %s on %s." % (s["command"], s["commit"], s["machine"]), "", "| check | |", "|---|---|"]
     lines += ["| %s | %s |" % (k, "pass" if v else "**fail**") for k, v in s["checks"].items()]
     lines += ["", "| figure | value |", "|---|---|"]
-    lines += ["| %s | %s |" % (k, v) for k, v in s.items() if k not in ("checks", "command", "commit", "machine", "passed")]
+    shown = {k: v for k, v in s.items() if k not in ("checks", "command", "commit", "machine", "passed")}
+    lines += ["| %s | %s |" % kv for kv in shown.items()]
     return "\n".join(lines) + "\n"
 
 

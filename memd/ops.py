@@ -90,7 +90,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
             raise Invalid("this nonce belongs to a session of another job")
         return {"token": earlier.token, "plan": _decide(core, earlier).plan.to_wire(),
                 "session_ttl": core.config.session_ttl}
-    if core.sessions.full():
+    if core.sessions.full() or not local:
         expire(core)  # the dead make room, and are remembered and counted as ever
     session = core.sessions.open(
         job=job, nonce=nonce, pid=pid, host=host, local=local, cgroup=_job_cgroup(core, pid) if local else None,
@@ -286,7 +286,12 @@ def remember(core: Core, session: Session) -> None:
     """Keep a session's observations (and OOM ceiling, with the clean runs at it) for the job's
     next run, under the key its hello looked them up with (planner.identify); only what it
     learned since its job was last forgotten (Session.learned). Written again at each flush
-    while it runs: each write is the whole of this run's learning, so none counts twice."""
+    while it runs: each write is the whole of this run's learning, so none counts twice.
+    Only a session whose process the daemon watches (local: on this host, its pid checked)
+    writes: one report under the name `llama-ft` from elsewhere replaced that job's curve (its
+    next run: batch 1 instead of 528), and 512 junk names evicted every curve."""
+    if not session.local:
+        return  # what it reported cannot be told from a forgery: planned by, never kept
     observations, ceiling, clean_runs = session.learned(core.config.policy.stable_steps)
     if session.pool_key is None or (not observations and ceiling is None and session.inherited_ceiling is None):
         return

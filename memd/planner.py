@@ -95,12 +95,21 @@ def on_cpu(session: Session) -> bool:
     return (session.device or "").split(":")[0].strip().lower() == "cpu"
 
 
+def vouched(sessions: Iterable[Session], session: Session, pool_name: Optional[str]) -> list:
+    """The other sessions in a pool whose claims count against this one's room: those whose
+    process the daemon watches (Session.local: on this host, its pid checked). What any other
+    peer claims (another host, a pid it cannot check) is taken for its own plan only: one such
+    session claiming 20 GB of fixed memory cut a real job's plan from 1034 to 58, four to 1.
+    Their real use, where it is on this machine, is in the pool's free memory all the same."""
+    return [o for o in sessions if o is not session and o.pool == pool_name and o.local]
+
+
 def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session], at: float) -> int:
-    """Growth already promised to the other sessions in a pool, not yet visible as usage in the
-    snapshot taken ``at``."""
+    """Growth already promised to the other sessions in a pool (vouched), not yet visible as
+    usage in the snapshot taken ``at``."""
     total = 0
-    for other in sessions:
-        if other is session or other.pool != pool_name or other.predicted_peak_bytes is None:
+    for other in vouched(sessions, session, pool_name):
+        if other.predicted_peak_bytes is None:
             continue
         held = other.peak_held_at(at)
         total += max(0, int(other.predicted_peak_bytes) - held)
@@ -108,9 +117,9 @@ def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session
 
 
 def share_for(session: Session, pool: budget.Pool, greedy: int, sessions: Iterable[Session], at: float) -> Optional[int]:
-    """The session's fair share of its pool (budget.fair_share), or None when it has the pool to
-    itself. ``greedy`` is its budget as if alone but for the growth promised to the others."""
-    others = [o for o in sessions if o is not session and o.pool == pool.name]
+    """The session's fair share of its pool (budget.fair_share) beside the vouched others, or
+    None when it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised to the others."""
+    others = vouched(sessions, session, pool.name)
     if not others:
         return None
     held = [(o.peak_held_at(at), o.wanted_peak_bytes) for o in others]

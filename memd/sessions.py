@@ -22,6 +22,7 @@ from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
+UNWATCHED_SHARE = 0.25  # of max_sessions, at most, for sessions whose process memd cannot watch
 # Runs that must go clean at a remembered OOM ceiling before it is lifted (Session.learned).
 CLEAN_RUNS = 3
 
@@ -194,9 +195,14 @@ class Sessions:
 
     def open(self, **fields) -> Session:
         """A new session; TooManySessions when full (the caller expires the dead ones first, and
-        ends them: see ops.end)."""
+        ends them: see ops.end), or when a quarter of the slots (UNWATCHED_SHARE) hold sessions
+        whose process the daemon cannot watch and this would be one more: those end only after
+        ``ttl`` of silence, and 256 of them from one peer held every slot long after it left."""
         if self.full():
             raise TooManySessions("%d sessions are open (max_sessions)" % self.max_sessions)
+        if not fields.get("local", True) and self.unwatched() >= max(1, int(self.max_sessions * UNWATCHED_SHARE)):
+            raise TooManySessions("%d sessions of processes the daemon cannot watch are open (a quarter of "
+                                  "max_sessions)" % self.unwatched())
         now = self.clock()
         self._next_sid += 1
         session = Session(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now, **fields)
@@ -204,6 +210,9 @@ class Sessions:
         if session.nonce is not None:
             self._by_nonce[(session.host, session.pid, session.nonce)] = session
         return session
+
+    def unwatched(self) -> int:
+        return sum(1 for s in self._by_token.values() if not s.local)
 
     def find(self, host: str, pid: int, nonce: str) -> Optional[Session]:
         """The open session an earlier hello with this nonce opened for this process, if any."""

@@ -14,7 +14,7 @@ def _core_with_host(tmp_path, available):
     from memd.sessions import Sessions
     from memd.state import StateStore
 
-    core = Core(config=Config(), sessions=Sessions(8, 60.0, time.monotonic, lambda s: True),
+    core = Core(config=Config(), sessions=Sessions(16, 60.0, time.monotonic, lambda s: True),
                 store=StateStore(str(tmp_path)), host="elsewhere")
     core.snapshot = Snapshot(taken_at=0.0, monotonic=0.0, host="elsewhere", memory_model=CPU,
                              system=SystemMemory(64 * GB, available, 0, 0, 0), pressure=None, cgroup=None)

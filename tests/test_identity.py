@@ -178,11 +178,13 @@ def test_an_oom_ceiling_is_re_tried_after_three_clean_runs_held_at_it(tmp_path):
     """Run 1 runs out of memory above 64: its ceiling, one below, is remembered. Runs 2-4 start
     at the batch they ran, grow back to the ceiling and go clean there: each is counted (memd curves shows
     it). After the third the ceiling is lifted, and run 5 grows past 63 to what its curve
-    allows. Not local (no /proc entry): the job's own reports are all the daemon sees."""
-    core = host_core(tmp_path, str(tmp_path / "noproc"))
+    allows. Its peaks are reported (a fixture /proc, a job read of 1 GB)."""
+    (tmp_path / "proc" / str(PID)).mkdir(parents=True)
+    core = host_core(tmp_path, str(tmp_path / "proc"))
+    core.jobs = {PID: JobMemory(PID, (ProcessMemory(PID, 1, "python", GB, GB, GB),), None, (), 0.0)}
 
     def run_job(steps, oom_at=None):
-        reply = ops.hello(core, dict(job="ft", pid=PID, host="there"))
+        reply = ops.hello(core, dict(job="ft", pid=PID, host="here"))
         token, plan, batches = reply["token"], reply["plan"], []
         for _ in range(steps):
             batch = plan["batch_size"]

@@ -61,7 +61,7 @@ class Config:
     metrics_address: str = "127.0.0.1:9463"  # HOST:PORT, or "off"
     interval: float = 0.2  # seconds between samples of the cheap signals
     job_interval: float = 2.0  # seconds between reads of each job's process tree
-    flush_interval: float = 30.0  # seconds between writes of what live sessions learned
+    flush_interval: float = 2.0  # seconds between writes of what live sessions learned (state.flush_soon)
     state_dir: Optional[str] = None
     max_sessions: int = 256
     session_ttl: float = 600.0  # seconds of silence after which a session is dropped

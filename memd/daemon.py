@@ -93,7 +93,7 @@ class Daemon:
             if now - last_flush >= self.cfg.flush_interval:
                 last_flush = now
                 self._remember_live()
-                self.store.flush()
+                self.store.flush_soon()
 
     def shutdown(self) -> None:
         self.notifier.stopping()
@@ -102,6 +102,7 @@ class Daemon:
             self._sampler_thread.join(timeout=2.0)
         for session in self.core.sessions:
             ops.remember(self.core, session)
+        self.store.close()
         self.store.flush()
         self.server.close()
         if self.metrics is not None:

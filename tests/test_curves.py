@@ -255,3 +255,31 @@ def test_fetch_asks_page_after_page_and_refuses_a_reply_that_does_not_advance():
     replies = iter([{"curves": [{"job": "b"}], "next": ["b", "p"]}, {"curves": [{"job": "a"}], "next": ["a", "p"]}])
     with pytest.raises(DaemonUnavailable, match="did not advance"):
         fetch(lambda after: next(replies))
+
+
+def test_a_background_write_never_brings_back_what_a_forget_dropped(tmp_path):
+    """flush_soon writes on a thread of its own; a forget's flush() written before it must not
+    be overwritten by it, whatever the order they reach the disk in."""
+    store = store_with(tmp_path, ("keep", "cpu:7", [(4, 10)], None))
+    store.flush_soon()  # generation 1: "keep"
+    store.remember("gone", "cpu:7", [Observation(4, 10)], None)
+    store.flush_soon()  # generation 2: "keep" and "gone"
+    store.forget("gone")
+    assert store.flush()  # generation 3, written before it returns
+    store.close()  # every background write done
+    assert set(json.loads((tmp_path / "curves.json").read_text())["jobs"]) == {"keep|cpu:7"}
+    assert not store.dirty
+
+    assert store._write('{"version": 1, "jobs": {}}', 2) is True  # generation 2 arriving last: skipped
+    assert set(json.loads((tmp_path / "curves.json").read_text())["jobs"]) == {"keep|cpu:7"}
+
+
+def test_a_background_write_the_disk_refuses_is_tried_again(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the state directory should be: every write fails
+    store = StateStore(str(blocked / "state"))
+    store.remember("j", "cpu:7", [Observation(4, 10)], None)
+    store.flush_soon()
+    store.close()
+    assert store.dirty  # kept for the next flush
+    assert store.flush() is False and store.dirty

@@ -10,7 +10,7 @@ import collections
 import hashlib
 import json
 from dataclasses import replace
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 from memd.config import PolicyConfig
 from memd.policy import budget, estimate
@@ -95,34 +95,37 @@ def on_cpu(session: Session) -> bool:
     return (session.device or "").split(":")[0].strip().lower() == "cpu"
 
 
-def vouched(sessions: Iterable[Session], session: Session, pool_name: Optional[str]) -> list:
-    """The other sessions in a pool whose claims count against this one's room: those whose
-    process the daemon watches (Session.local: on this host, its pid checked). What any other
-    peer claims (another host, a pid it cannot check) is taken for its own plan only: one such
-    session claiming 20 GB of fixed memory cut a real job's plan from 1034 to 58, four to 1.
-    Their real use, where it is on this machine, is in the pool's free memory all the same."""
-    return [o for o in sessions if o is not session and o.pool == pool_name and o.local]
+class Neighbour(NamedTuple):
+    held: int  # what it held when the snapshot was taken (Session.peak_held_at)
+    predicted: Optional[float]  # the peak its plan predicts
+    wanted: Optional[int]  # the peak it would plan for with the pool to itself
 
 
-def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session], at: float) -> int:
-    """Growth already promised to the other sessions in a pool (vouched), not yet visible as
-    usage in the snapshot taken ``at``."""
-    total = 0
-    for other in vouched(sessions, session, pool_name):
-        if other.predicted_peak_bytes is None:
-            continue
-        held = other.peak_held_at(at)
-        total += max(0, int(other.predicted_peak_bytes) - held)
-    return total
+def neighbours(session: Session, pool_name: Optional[str], sessions: Iterable[Session], at: float) -> List[Neighbour]:
+    """The other sessions in a pool whose claims count against this one's room, as of the
+    snapshot taken ``at``: those whose process the daemon watches (Session.local: on this host,
+    its pid checked). What any other peer claims (another host, a pid it cannot check) is taken
+    for its own plan only: one such session claiming 20 GB of fixed memory cut a real job's plan
+    from 1034 to 58, four to 1. Their real use, where it is on this machine, is in the pool's
+    free memory all the same. Read once per decision: with 256 sessions it is most of a
+    report's cost."""
+    return [Neighbour(o.peak_held_at(at), o.predicted_peak_bytes, o.wanted_peak_bytes)
+            for o in sessions if o.pool == pool_name and o.local and o is not session]
 
 
-def share_for(session: Session, pool: budget.Pool, greedy: int, sessions: Iterable[Session], at: float) -> Optional[int]:
-    """The session's fair share of its pool (budget.fair_share) beside the vouched others, or
-    None when it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised to the others."""
-    others = vouched(sessions, session, pool.name)
+def reserved_growth(others: Sequence[Neighbour]) -> int:
+    """Growth already promised to the other sessions in the pool, not yet visible as usage in
+    the snapshot."""
+    return sum(max(0, int(o.predicted) - o.held) for o in others if o.predicted is not None)
+
+
+def share_for(session: Session, pool: budget.Pool, greedy: int, others: Sequence[Neighbour], at: float) -> Optional[int]:
+    """The session's fair share of its pool (budget.fair_share) beside the others, or None when
+    it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised
+    to the others."""
     if not others:
         return None
-    held = [(o.peak_held_at(at), o.wanted_peak_bytes) for o in others]
+    held = [(o.held, o.wanted) for o in others]
     room = greedy + pool.reserved_bytes + sum(h for h, _ in held)
     return budget.fair_share(room, session.peak_held_at(at), held)
 
@@ -171,10 +174,11 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     workers = worker_facts(session, job, cfg)
     if pool.kind == DISCRETE:
         workers = replace(workers, growth=0)  # workers grow in host memory, not on the GPU
-    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic) + workers.growth)
+    others = neighbours(session, pool.name, sessions, snapshot.monotonic)
+    pool = pool.with_reserved(reserved_growth(others) + workers.growth)
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
     greedy = pool.budget(held_now)
-    pool = pool.with_share(share_for(session, pool, greedy, sessions, snapshot.monotonic))
+    pool = pool.with_share(share_for(session, pool, greedy, others, snapshot.monotonic))
     level = host_level
     if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full

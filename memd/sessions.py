@@ -167,12 +167,10 @@ class Session:
         was reported by then, or since its last OOM). A snapshot's free memory is paired with the
         job's holding *when the snapshot was taken*: a newer report would count the job's growth
         twice."""
-        held = 0
-        for noted_at, value in self.held:
-            if noted_at > when:
-                break
-            held = value or 0
-        return held
+        for noted_at, value in reversed(self.held):  # from the newest: at most a few steps back
+            if noted_at <= when:
+                return value or 0
+        return 0
 
     def holding_unknown(self) -> bool:
         """An out-of-memory error since the job's last report (note_oom)."""

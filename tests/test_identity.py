@@ -1,5 +1,6 @@
 """One job identity, known at hello and used both to look a learned curve up and to save it:
 the job's own cgroup (read at hello from a fixture /proc) and the GPU it names. No daemon."""
+import dataclasses
 import os
 
 from memd import ops
@@ -194,6 +195,8 @@ def test_an_oom_ceiling_is_re_tried_after_three_clean_runs_held_at_it(tmp_path):
                 oom_at = None
                 continue
             plan = ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": GB + batch * 50 * MB})["plan"]
+            # a sample of the machine each step (a step that went as planned is decided on at the next one)
+            core.snapshot = dataclasses.replace(core.snapshot, monotonic=core.snapshot.monotonic + 1)
         ops.bye(core, {"token": token})
         return batches, core.store.recall("ft", "cpu:59")
 

@@ -164,3 +164,30 @@ def test_sessions_memd_cannot_watch_take_a_quarter_of_the_slots_and_are_never_re
     memory = core.store.recall("real", key)
     assert [(o.batch, o.peak_bytes) for o in memory.observations] == [(8, GB + 8 * GB // 10), (16, GB + 16 * GB // 10)]
     ops.hello(core, hello(job="local-again", pid=4))  # the host's own jobs still get every other slot
+
+
+def test_a_step_that_went_as_planned_is_decided_on_at_the_next_sample(tmp_path, monkeypatch):
+    """A report at the planned batch whose peak is within the predicted one, on the sample the
+    plan was decided on, is kept and learned from at the next decision; one over the prediction,
+    or at another batch, is decided on at once (ops._as_planned: half the decisions of a job
+    that reports 10 times a second)."""
+    core, clock = core_for(tmp_path)
+    token = ops.hello(core, hello())["token"]
+    learn(core, token)
+    resample(core, clock)
+    plan = ops.plan(core, {"token": token})["plan"]
+    session = core.sessions.get(token)
+    decided = []
+    real = ops.plan_session
+    monkeypatch.setattr(ops, "plan_session", lambda *a: decided.append(1) or real(*a))
+    batch, within = plan["batch_size"], int(session.predicted_peak_bytes)
+    assert ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": within})["plan"] == plan
+    assert decided == [] and session.observations[-1].peak_bytes == within  # kept, not decided on
+    ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": within + 1})  # over the prediction
+    assert decided == [1]
+    ops.report(core, {"token": token, "batch_size": batch - 1, "peak_bytes": GB})  # another batch
+    assert decided == [1, 1]
+    resample(core, clock)
+    ops.report(core, {"token": token, "batch_size": ops.plan(core, {"token": token})["plan"]["batch_size"],
+                      "peak_bytes": GB})
+    assert len(decided) == 3  # a new sample: the plan call decided, on everything reported

@@ -52,6 +52,9 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     (int: its start in clock ticks since boot, field 22 of /proc/self/stat): when given, the
     pid is watched only if they match the daemon's own pid namespace and that pid's start
     (_local); a job on this host that fails them is planned from its reports, and says why.
+    batch_size (int: the batch the job runs now, sent by a client saying hello again because
+    the daemon restarted): its plan holds that batch until the daemon has read the job's
+    memory, rather than budget a running job as if its memory were someone else's.
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
     """
@@ -101,6 +104,10 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
         local_world_size=_int(req, "local_world_size"), unwatched=unwatched,
     )
+    running = _int(req, "batch_size")
+    if running is not None:  # a running job saying hello again (the daemon restarted): hold what it runs
+        session.state = ControlState(batch=running)
+        session.rejoined = True
     held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
     if held is not None:
         log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,

@@ -202,8 +202,10 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # first report, the cgroup read at hello bounds it (its usage then is counted as used: the
     # budget errs low), so a job memd remembers starts from its curve, not from its default;
     # not on a machine with GPUs, where a host pool means its GPU is not known yet.
+    # A job running already when it said hello (the daemon restarted) holds what it runs until
+    # its memory is read: counted as used by someone else, its own memory cut it to batch 1.
     unread = session.local and pool.name == budget.HOST and (job is None or not job.alive) and (
-        session.cgroup is None or bool(session.observations))
+        session.cgroup is None or bool(session.observations) or session.rejoined)
     # On a machine with GPUs, a job whose GPU cannot be told (several unlike GPUs, none named,
     # none used yet) is not budgeted from the host's RAM: two 80 GB GPUs on a 1 TB host gave a
     # first plan of 430 where 67 fits the GPU. It keeps its default until its GPU is known.

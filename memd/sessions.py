@@ -70,6 +70,7 @@ class Session:
     local_world_size: Optional[int] = None  # ranks of the job on this node
     nonce: Optional[str] = None  # the client Session's own secret: a retried hello finds this session
     cgroup: Optional[Cgroup] = None  # the job's memory cgroup as read at hello (None: not local, unreadable)
+    rejoined: bool = False  # said hello running a batch already (the daemon restarted under it)
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
     pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them

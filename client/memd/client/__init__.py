@@ -315,6 +315,8 @@ class Session:
         for name in ("max_batch", "default_batch", "target_effective_batch"):
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
+        if self._plan is not None and self._plan.source == "daemon":
+            fields["batch_size"] = self._plan.batch_size  # hello again, running: the daemon restarted
         fields.update(_distributed_identity())
         fields.update(_process_identity())
         fields.update(_device_identity(self.device))

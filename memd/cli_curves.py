@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pwd
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -65,10 +66,22 @@ def render(curves: List[Dict[str, Any]]) -> str:
         ceiling = c.get("ceiling")
         lines += ["", c["job"],
                   _field("pool", c["pool"]),
+                  _field("owner", _owner(c.get("owner"))),
                   _field("updated", time.strftime("%Y-%m-%d %H:%M", time.localtime(c["updated"]))),
                   _field("ceiling", "none" if ceiling is None else _ceiling(ceiling, c.get("clean_runs") or 0))]
         lines += _wrapped("peak GiB", "at batch", _by_batch(c.get("points") or [])) or [_field("peak GiB", "no points")]
     return "\n".join(lines) + "\n"
+
+
+def _owner(owner: Optional[str]) -> str:
+    """"uid:1000" as the user's name where this machine knows it."""
+    if owner is None:
+        return "unknown (kept before curves had owners)"
+    uid = owner.partition(":")[2]
+    try:
+        return "%s (%s)" % (pwd.getpwuid(int(uid)).pw_name, owner)
+    except (KeyError, ValueError):
+        return owner
 
 
 def _ceiling(ceiling: int, clean_runs: int) -> str:

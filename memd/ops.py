@@ -21,8 +21,8 @@ from memd.policy.fit import Observation
 from memd.sampling import cgroup as cgroups
 from memd.sampling import procs
 from memd.sampling.snapshot import Cgroup, as_json
-from memd.sessions import Session
-from memd.state import MAX_KEY_CHARS
+from memd.sessions import OWNER, Session
+from memd.state import MAX_KEY_CHARS, Memory
 
 Result = Dict[str, Any]
 
@@ -113,8 +113,9 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,
                     held_back=held)
     core.epoch += 1
+    session.owner = procs.process_owner(pid, core.proc_root) if local else None
     session.pool_key = identify(session, snapshot, core.config.policy)
-    memory = core.store.recall(session.job, session.pool_key) if session.pool_key is not None else None
+    memory = _recall(core, session)
     if memory is not None:
         session.remembered = list(memory.observations)
         if memory.ceiling is not None:  # an earlier run ran out of memory above it: start below
@@ -319,6 +320,18 @@ def remember(core: Core, session: Session) -> None:
     if session.pool_key is None or (not observations and ceiling is None and session.inherited_ceiling is None):
         return
     core.store.remember(session.job, session.pool_key, observations, ceiling, clean_runs)
+
+
+def _recall(core: Core, session: Session) -> Optional[Memory]:
+    """What earlier runs of the session's job left under its key; else, for a job memd now
+    knows the owner of, what an earlier memd kept before keys had owners (read, never written:
+    its next save is its owner's)."""
+    if session.pool_key is None:
+        return None
+    memory = core.store.recall(session.job, session.pool_key)
+    if memory is None and session.owner is not None:
+        memory = core.store.recall(session.job, session.pool_key.rpartition(OWNER)[0])
+    return memory
 
 
 def _decide(core: Core, session: Session):

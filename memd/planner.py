@@ -19,7 +19,7 @@ from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.growth import growth
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
-from memd.sessions import Session
+from memd.sessions import OWNER, Session
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
 MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of each kept
@@ -63,13 +63,26 @@ def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optiona
         gpu = budget.find_gpu(snapshot.gpus, session.device_uuid, session.device, session.visible_devices,
                               [session.pid])
         if gpu is not None and gpu.name:
-            return gpu_key(gpu) + configuration(session)
+            return gpu_key(gpu) + comparable(session)
         alike = {gpu_key(g) for g in snapshot.gpus if g.name and g.total_bytes}
         if len(alike) == 1:
-            return alike.pop() + configuration(session)
+            return alike.pop() + comparable(session)
         if not on_cpu(session):
             return None
-    return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot) + configuration(session)
+    return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot) + comparable(session)
+
+
+def comparable(session: Session) -> str:
+    """What follows the pool in a job's key: its configuration, then its owner."""
+    return configuration(session) + ownership(session)
+
+
+def ownership(session: Session) -> str:
+    """"@uid:N", the user its process runs as ("" when not known: a session memd cannot watch,
+    whose learning is never kept). Curves are their owner's: another user's job of the same name
+    neither reads nor overwrites them, and a user who fills the store evicts their own first
+    (state.StateStore.remember)."""
+    return "" if session.owner is None else "%s%d" % (OWNER, session.owner)
 
 
 # Hints that change how the job's data reaches it, not what one of its steps costs.
@@ -247,7 +260,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # as host RSS would teach a GPU job's curve the wrong memory.
     session.pool = session.pool if gpu_gone else None if gpu_unknown else pool.name
     if session.pool_key is None and pool.name != budget.HOST and not gpu_gone:
-        session.pool_key = pool_key(pool, snapshot) + configuration(session)  # its GPU was unknown at hello
+        session.pool_key = pool_key(pool, snapshot) + comparable(session)  # its GPU was unknown at hello
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     return decision

@@ -22,6 +22,7 @@ from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
+OWNER = "@uid:"  # a curve's key ends with its owner's uid (planner.ownership, state.owner_of)
 UNWATCHED_SHARE = 0.25  # of max_sessions, at most, for sessions whose process memd cannot watch
 # Runs that must go clean at a remembered OOM ceiling before it is lifted (Session.learned).
 CLEAN_RUNS = 3
@@ -70,6 +71,7 @@ class Session:
     local_world_size: Optional[int] = None  # ranks of the job on this node
     nonce: Optional[str] = None  # the client Session's own secret: a retried hello finds this session
     cgroup: Optional[Cgroup] = None  # the job's memory cgroup as read at hello (None: not local, unreadable)
+    owner: Optional[int] = None  # the uid its watched process runs as: its curves are its owner's
     rejoined: bool = False  # said hello running a batch already (the daemon restarted under it)
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
     pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)

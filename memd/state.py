@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import structlog
 
 from memd.policy.fit import Observation
+from memd.sessions import OWNER
 
 FILE = "curves.json"
 VERSION = 1
@@ -111,13 +112,13 @@ class StateStore:
 
     def forget(self, job: str, pool_key: Optional[str] = None) -> List[str]:
         """Drop what was learned for ``job``, in every pool or only ``pool_key`` (a pool key
-        without its configuration, planner.identify's "#...", names every configuration in that
-        pool); returns the pool keys dropped, sorted. The store is dirty (flush writes it) only
+        without its configuration and owner, planner.identify's "#..." and "@uid:...", names every
+        configuration and owner in that pool); returns the pool keys dropped, sorted. The store is dirty (flush writes it) only
         if one was."""
         dropped = []
         for key in list(self._jobs):
             name, pool = _split(key)
-            if name == job and pool_key in (None, pool, pool.partition("#")[0]):
+            if name == job and pool_key in (None, pool, base_pool(pool)):
                 del self._jobs[key]
                 dropped.append(pool)
         if dropped:
@@ -144,8 +145,15 @@ class StateStore:
         if ceiling is not None and clean_runs:
             self._jobs[key]["clean"] = clean_runs
         while len(self._jobs) > self.max_jobs:
-            del self._jobs[next(iter(self._jobs))]
+            del self._jobs[self._evictable()]
         self.dirty = True
+
+    def _evictable(self) -> str:
+        """The least recently used key of the owner with the most: a user who fills the store
+        (512 junk job names once evicted every curve) evicts their own first."""
+        owners = collections.Counter(owner_of(key) for key in self._jobs)
+        most = max(owners.values())
+        return next(key for key in self._jobs if owners[owner_of(key)] == most)
 
     def flush(self) -> bool:
         """Write if anything changed, before returning; False (logged, state kept in memory,
@@ -209,6 +217,18 @@ class StateStore:
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+
+def owner_of(key: str) -> Optional[str]:
+    """The owner part of a stored key or pool key ("uid:1000"), None for one without (kept by
+    an earlier memd)."""
+    _, at, owner = key.rpartition(OWNER)
+    return OWNER[1:] + owner if at else None
+
+
+def base_pool(pool_key: str) -> str:
+    """A pool key's pool alone, without its configuration ("#...") or owner ("@uid:...")."""
+    return pool_key.partition(OWNER)[0].partition("#")[0]
 
 
 def _key(job: str, pool_key: str) -> str:

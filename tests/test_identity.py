@@ -197,8 +197,10 @@ def test_an_oom_ceiling_is_re_tried_after_three_clean_runs_held_at_it(tmp_path):
             plan = ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": GB + batch * 50 * MB})["plan"]
             # a sample of the machine each step (a step that went as planned is decided on at the next one)
             core.snapshot = dataclasses.replace(core.snapshot, monotonic=core.snapshot.monotonic + 1)
+        key = core.sessions.get(token).pool_key
         ops.bye(core, {"token": token})
-        return batches, core.store.recall("ft", "cpu:59")
+        assert key == "cpu:59@uid:%d" % os.stat(tmp_path / "proc" / str(PID)).st_uid  # its pool, its owner
+        return batches, core.store.recall("ft", key)
 
     batches, memory = run_job(40, oom_at=64)
     ceiling = next(b for b in batches if b >= 64) - 1

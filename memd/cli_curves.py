@@ -1,5 +1,5 @@
 """`memd curves` and `memd forget`: what the daemon remembers for the jobs' next runs, and
-how to make it forget some of it. Both talk to the running daemon (--endpoint, --timeout).
+how to make it forget some of it. Both talk to the running daemon (cli_call.py's flags).
 
 Exit codes as every memd command: 1 when no daemon answers, 2 for a request it refused as bad
 input; `memd forget` also exits 1 when nothing matched (grep's "not found"), and when the
@@ -14,7 +14,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from memd.client import DaemonUnavailable, Refused, call, protocol
+from memd import cli_call
+from memd.client import DaemonUnavailable, Refused, protocol
 from memd.sessions import CLEAN_RUNS
 
 GiB = 2 ** 30
@@ -126,10 +127,8 @@ def _gib(value: int) -> str:
 
 
 def _curves(args: argparse.Namespace) -> int:
-    endpoint = args.endpoint or protocol.default_endpoint()
-
     def ask(after):
-        return call("curves", endpoint=endpoint, timeout=args.timeout, **({} if after is None else {"after": after}))
+        return cli_call.call("curves", args, **({} if after is None else {"after": after}))
 
     try:
         curves = fetch(ask)
@@ -143,10 +142,9 @@ def _curves(args: argparse.Namespace) -> int:
 
 
 def _forget(args: argparse.Namespace) -> int:
-    endpoint = args.endpoint or protocol.default_endpoint()
     fields = {"job": args.job} if args.pool is None else {"job": args.job, "pool": args.pool}
     try:
-        result = call("forget", endpoint=endpoint, timeout=args.timeout, **fields)
+        result = cli_call.call("forget", args, **fields)
     except DaemonUnavailable as exc:
         return _unavailable(exc)
     where = "job %s" % args.job if args.pool is None else "job %s in pool %s" % (args.job, args.pool)

@@ -67,7 +67,8 @@ class Config:
     session_ttl: float = 600.0  # seconds of silence after which a session is dropped
     log_level: str = "info"
     log_format: str = "auto"  # auto (JSON unless on a terminal), json or console
-    curve_secret_key_file: Optional[str] = None  # z85 secret key: required for non-loopback tcp
+    curve_secret_key_file: Optional[str] = None  # the daemon's CURVE key: required for non-loopback tcp
+    curve_client_keys_dir: Optional[str] = None  # the clients' public .key files: required with CURVE
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def resolved_endpoint(self) -> str:
@@ -175,6 +176,7 @@ def validate(config: Config) -> None:
         raise ConfigError("config key 'log_level' must be debug, info, warning or error")
     if config.log_format not in ("auto", "json", "console"):
         raise ConfigError("config key 'log_format' must be auto, json or console")
+    check_curve(config)
     if config.endpoint:
         check_endpoint(config.endpoint, secure=bool(config.curve_secret_key_file))
     if config.metrics_address != "off":
@@ -191,6 +193,17 @@ def validate(config: Config) -> None:
     if p.stable_steps < 1 or not p.max_growth > 1 or not p.plan_fresh_seconds > 0:
         raise ConfigError("config keys 'policy.stable_steps' >= 1, 'policy.max_growth' > 1 and "
                           "'policy.plan_fresh_seconds' > 0 are required")
+
+
+def check_curve(config: Config) -> None:
+    """CURVE comes with its allow-list or not at all: a CURVE socket without one encrypts but
+    admits any client key (issue 12: a random key got a session)."""
+    if config.curve_secret_key_file and not config.curve_client_keys_dir:
+        raise ConfigError("config key 'curve_client_keys_dir' is required with 'curve_secret_key_file': CURVE "
+                          "without an allow-list of client keys admits anyone (docs/deploy.md)")
+    if config.curve_client_keys_dir and not config.curve_secret_key_file:
+        raise ConfigError("config key 'curve_client_keys_dir' needs 'curve_secret_key_file' (the daemon's own "
+                          "CURVE key): without it no client is asked for a key")
 
 
 def check_endpoint(endpoint: str, secure: bool = False) -> None:

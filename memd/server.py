@@ -1,9 +1,9 @@
 """The ZeroMQ ROUTER loop: decode -> validate -> handler -> reply.
 
-Only this module (and the client) touches zmq. It adds the reply envelope, maps exceptions to
-error codes in one place (a handler's Invalid is the client's fault, anything else the daemon's:
-``internal``, its traceback logged at most once a minute per op and error), and never blocks:
-replies are sent without waiting (a peer that does not read its replies loses them, it does not
+Only this module (with zap.py, its CURVE allow-list) and the client touch zmq. It adds the
+reply envelope, maps exceptions to error codes in one place (a handler's Invalid is the
+client's fault, anything else the daemon's: ``internal``, its traceback logged at most once a
+minute per op and error), and never blocks: replies are sent without waiting (a peer that does not read its replies loses them, it does not
 stall the daemon). Messages over the protocol cap get a ``too_large`` reply; messages over four
 times the cap are dropped by libzmq itself (ZMQ_MAXMSGSIZE), which disconnects the sender.
 ZMQ_MAXMSGSIZE caps a frame, not a message, so frames beyond the protocol's (MAX_FRAMES) are
@@ -16,7 +16,7 @@ import errno
 import os
 import stat
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
 import structlog
 import zmq
@@ -27,6 +27,7 @@ from memd.config import ConfigError
 from memd.logs import Throttle
 from memd.ops import Invalid
 from memd.sessions import TooManySessions, UnknownSession
+from memd.zap import DOMAIN, Gate
 
 log = structlog.get_logger("memd.server")
 
@@ -44,7 +45,7 @@ _NOBLOCK, _EVENTS, _POLLIN, _RCVMORE = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zm
 class Server:
     def __init__(self, endpoint: str, dispatch: Dict[str, Handler], observe: Optional[Observer] = None,
                  curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660,
-                 throttle: Optional[Throttle] = None):
+                 throttle: Optional[Throttle] = None, client_keys: Optional[FrozenSet[bytes]] = None):
         self.endpoint = endpoint
         self.throttle = throttle or Throttle(interval=60.0)  # one traceback a minute per op and error
         self.dispatch = dispatch
@@ -52,6 +53,8 @@ class Server:
         self.curve_secret_key = curve_secret_key
         self.socket_mode = socket_mode
         self.context = zmq.Context(io_threads=1)
+        # CURVE never without its allow-list (zap.py): no keys given admits nobody, not everybody.
+        self.zap = Gate(self.context, client_keys or frozenset()) if curve_secret_key is not None else None
         self.sock: Optional[zmq.Socket] = None
         self._ipc_path: Optional[str] = None
         self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
@@ -64,10 +67,13 @@ class Server:
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES * 4)
         sock.setsockopt(zmq.SNDHWM, 1000)
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
-        if self.curve_secret_key is not None:
+        if self.zap is not None:
+            if self.zap.sock is None:
+                self.zap.bind()  # first: a handshake before it would go unchecked
             sock.curve_secretkey = self.curve_secret_key
             sock.curve_publickey = zmq.curve_public(self.curve_secret_key)
             sock.curve_server = True
+            sock.zap_domain = DOMAIN
         try:
             if self.endpoint.startswith("ipc://"):
                 self._prepare_ipc(self.endpoint[len("ipc://"):])
@@ -85,6 +91,8 @@ class Server:
         self.sock = sock
         self._poller = zmq.Poller()  # one for the daemon's life: Socket.poll() builds one per call
         self._poller.register(sock, zmq.POLLIN)
+        if self.zap is not None:
+            self._poller.register(self.zap.sock, zmq.POLLIN)
 
     def _prepare_ipc(self, path: str) -> None:
         """Make the socket's directory; refuse to steal a live daemon's socket, clear a stale one."""
@@ -112,6 +120,8 @@ class Server:
             self._trim()
         if not self._poller.poll(timeout * 1000):
             return 0
+        if self.zap is not None:
+            self.zap.serve()  # handshakes waiting for the allow-list's word
         handled = 0
         # The poller said a message waits: take it, then ask EVENTS whether more do (an
         # exception per poll, zmq.Again, would cost more than a request).
@@ -215,6 +225,8 @@ class Server:
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None
+        if self.zap is not None:
+            self.zap.close()
         self.context.term()
         if self._ipc_path is not None:
             try:

@@ -29,7 +29,7 @@ from typing import Any, Deque, Dict, Optional
 
 import zmq
 
-from . import protocol
+from . import curve, protocol
 from .heap import StepTrimmer, steady_heap, trim_heap
 from .plan import Plan, fallback_plan, split_batch, within_limits
 
@@ -67,8 +67,13 @@ class Session:
     child's copy starts over, lazily, as a session of its own). Everything the daemon said is
     cached, so ``plan()`` costs a dictionary look-up while the last plan is fresh. Only the
     constructor raises: on limits that are not counts, contradict each other or lie beyond
-    docs/protocol.md's ranges (found before training starts); nothing a training loop hands a
-    method later makes it raise.
+    docs/protocol.md's ranges, and on CURVE keys passed that cannot be used (found before
+    training starts); nothing a training loop hands a method later makes it raise.
+
+    A daemon on ``tcp://`` beyond loopback talks only CURVE: ``server_key`` is its public key
+    (40 Z85 characters, or its ``.key`` file), ``client_key_file`` this client's ``.key_secret``
+    file, whose public key the daemon's allow-list must hold (else MEMD_SERVER_KEY and
+    MEMD_CLIENT_KEY_FILE; docs/deploy.md). A refused key looks like an absent daemon: fallback.
     """
 
     def __init__(
@@ -84,6 +89,8 @@ class Session:
         device: Any = None,
         hints: Optional[Dict[str, Any]] = None,
         num_workers: Optional[int] = None,
+        server_key: Optional[str] = None,
+        client_key_file: Optional[str] = None,
     ):
         self.job = (str(job) if job is not None else _default_job())[:128]  # the daemon takes 128 characters
         self.endpoint = endpoint or protocol.default_endpoint()
@@ -105,6 +112,8 @@ class Session:
         if num_workers is not None:  # the workers the job would like: memory and pressure only cut from there
             hints = dict(hints or {}, num_workers=_count(num_workers, "num_workers", allow_zero=True))
         self.hints = _clean_hints(hints, self._warned)
+        self.server_key, self.client_key_file = server_key, client_key_file
+        self._curve, self._curve_problem = _curve_keys(server_key, client_key_file, self._warned)
         self._lock = threading.Lock()
         self._reset()
         _sessions.add(self)
@@ -240,7 +249,7 @@ class Session:
         kwargs = dict(endpoint=self.endpoint, timeout=self.timeout, min_batch=self.min_batch,
                       max_batch=self.max_batch, default_batch=self.default_batch,
                       target_effective_batch=self.target_effective_batch, device=self.device,
-                      hints=self.hints)
+                      hints=self.hints, server_key=self.server_key, client_key_file=self.client_key_file)
         return (_rebuild, (self.job, kwargs))
 
     # -- internals --------------------------------------------------------------------------
@@ -279,6 +288,8 @@ class Session:
             why = protocol.stranger(self.endpoint)
             if why:
                 raise _Unavailable("%s: not trusted" % why)
+            if self._curve_problem:
+                raise _Unavailable(self._curve_problem)
             self._ctx = zmq.Context(io_threads=1)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -289,6 +300,8 @@ class Session:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             self._rcvtimeo = self._timeout_ms
             sock.setsockopt(zmq.RCVTIMEO, self._rcvtimeo)  # a blocking recv is one call; poll + recv two
+            if self._curve is not None:
+                self._curve.apply(sock)
             sock.connect(self.endpoint)
             self._sock = sock
             self._fresh_socket = True
@@ -377,7 +390,7 @@ class Session:
                     return
                 except zmq.Again:
                     pass
-        raise _Unavailable("daemon not connected at %s" % self.endpoint)
+        raise _Unavailable("daemon not connected at %s%s" % (self.endpoint, "; " + curve.HINT if self._curve else ""))
 
     def _receive(self, sock: zmq.Socket) -> None:
         """Read one waiting reply, if any, and absorb what it teaches."""
@@ -493,6 +506,20 @@ def _decoded(data: bytes) -> Optional[Dict[str, Any]]:
 
 def _rebuild(job: Optional[str], kwargs: Dict[str, Any]) -> Session:
     return Session(job, **kwargs)
+
+
+def _curve_keys(server_key: Optional[str], client_key_file: Optional[str], warned: set):
+    """(CURVE keys or None, why the environment's keys cannot be used or None). Keys passed as
+    arguments are the caller's own: a bad one raises ValueError here, before training starts.
+    Keys from the environment (MEMD_SERVER_KEY, MEMD_CLIENT_KEY_FILE) may be one node's slip:
+    the session then plans locally, says why in each fallback plan and warns once."""
+    try:
+        return curve.client_keys(server_key, client_key_file), None
+    except ValueError as exc:
+        if server_key or client_key_file:
+            raise
+        _warn_once(warned, "curve", "memd: %s; planning locally", exc)
+        return None, str(exc)
 
 
 def _after_fork_in_child() -> None:
@@ -721,15 +748,22 @@ class Refused(DaemonUnavailable):
         self.code = code
 
 
-def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, **fields: Any) -> Dict[str, Any]:
+def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, *, server_key: Optional[str] = None,
+         client_key_file: Optional[str] = None, **fields: Any) -> Dict[str, Any]:
     """One request and its reply, for tools such as ``memd status``; raises DaemonUnavailable.
 
-    Training loops should use Session, which never raises; this is the plain primitive.
+    ``server_key``, ``client_key_file``: CURVE keys as for Session (else MEMD_SERVER_KEY and
+    MEMD_CLIENT_KEY_FILE). Training loops should use Session, which never raises; this is the
+    plain primitive.
     """
     endpoint = endpoint or protocol.default_endpoint()
     why = protocol.stranger(endpoint)
     if why:
         raise DaemonUnavailable("%s: not trusted" % why)
+    try:
+        keys = curve.client_keys(server_key, client_key_file)
+    except ValueError as exc:
+        raise DaemonUnavailable(str(exc)) from None
     path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
     if path and not path.startswith("@") and not os.path.exists(path):
         raise DaemonUnavailable("no daemon socket at %s" % path)
@@ -737,13 +771,16 @@ def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, **fields
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        if keys is not None:
+            keys.apply(sock)
         sock.connect(endpoint)
         deadline = time.monotonic() + timeout
         sock.send(protocol.encode(protocol.request(op, 1, **fields)))
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(remaining * 1000, zmq.POLLIN):
-                raise DaemonUnavailable("no daemon answered at %s within %.1f s" % (endpoint, timeout))
+                raise DaemonUnavailable("no daemon answered at %s within %.1f s%s"
+                                        % (endpoint, timeout, " (%s)" % curve.HINT if keys else ""))
             try:
                 reply = protocol.decode(sock.recv())
             except ValueError as exc:

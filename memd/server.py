@@ -3,8 +3,8 @@
 Only this module (with zap.py, its CURVE allow-list) and the client touch zmq. It adds the
 reply envelope, maps exceptions to error codes in one place (a handler's Invalid is the
 client's fault, anything else the daemon's: ``internal``, its traceback logged at most once a
-minute per op and error), and never blocks: replies are sent without waiting (a peer that does not read its replies loses them, it does not
-stall the daemon). Messages over the protocol cap get a ``too_large`` reply; messages over four
+minute per op and error), and never blocks: replies are sent without waiting (a peer that does
+not read its replies loses them, it does not stall the daemon). Messages over the protocol cap get a ``too_large`` reply; messages over four
 times the cap are dropped by libzmq itself (ZMQ_MAXMSGSIZE), which disconnects the sender.
 ZMQ_MAXMSGSIZE caps a frame, not a message, so frames beyond the protocol's (MAX_FRAMES) are
 received without a copy and dropped, never echoed, and each peer's queue holds at most RCVHWM

@@ -7,6 +7,7 @@ server adds the envelope (v, id, ok) and maps exceptions to error codes (docs/pr
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import structlog
@@ -85,6 +86,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     nonce = _str(req, "nonce", limit=64)
     if nonce is not None and len(nonce) < 16:
         raise Invalid("nonce must be a string of 16 to 64 characters")
+    running = _int(req, "batch_size")  # checked, like every field, before anything changes
     local, unwatched = _local(core, host, pid, _int(req, "pid_ns"), _int(req, "start_time"))
     snapshot = _snapshot(core)
     earlier = core.sessions.find(host, pid, nonce) if nonce is not None else None
@@ -104,10 +106,6 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
         local_world_size=_int(req, "local_world_size"), unwatched=unwatched,
     )
-    running = _int(req, "batch_size")
-    if running is not None:  # a running job saying hello again (the daemon restarted): hold what it runs
-        session.state = ControlState(batch=running)
-        session.rejoined = True
     held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
     if held is not None:
         log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,
@@ -122,6 +120,9 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
             session.state = ControlState(ceiling=max(limits.min_batch, memory.ceiling),
                                          stable=core.config.policy.stable_steps)
             session.inherited_ceiling, session.clean_runs = memory.ceiling, memory.clean_runs
+    if running is not None:  # a running job saying hello again (the daemon restarted): hold what it runs
+        session.state = replace(session.state, batch=running)
+        session.rejoined = True
     decision = _decide(core, session)
     return {"token": session.token, "plan": decision.plan.to_wire(), "session_ttl": core.config.session_ttl}
 

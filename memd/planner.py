@@ -52,7 +52,7 @@ def gpu_key(gpu: Gpu) -> str:
 
 def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optional[str]:
     """The key a job's curves are looked up and saved under: its pool, from what is known when
-    it says hello, and its configuration (configuration()). The pool: its own cgroup (read
+    it says hello, then its configuration and owner (comparable()). The pool: its own cgroup (read
     then, ``session.cgroup``) on the host, the GPU it names on a discrete machine (else the
     only one, or the one its process already uses; else any, when the host's GPUs are all
     alike). None when that GPU cannot be told yet: plan_session keys the session by the GPU it
@@ -149,8 +149,8 @@ def curve_for(session: Session, noise: float = NOISE, kills: bool = False):
     report past its warm-up, a curve its earlier runs left (same job, pool and configuration:
     identify) is its curve, with source "remembered": the first plan starts from it, within
     the pool's room now and no higher than the batches those runs ran (controller). Once that
-    report agrees with it (check_remembered), it joins the fit; a restarted job (a preempted
-    Slurm job, a resumed run) that was planned its default instead re-learned from it."""
+    report agrees with it (check_remembered), it joins the fit. Used only as a prior, it left
+    every restarted job (a preempted Slurm job, a resumed run) at its default, to learn again."""
     if any(not o.warmup for o in session.observations):
         return fit(list(session.remembered) + list(session.observations), session.prior, noise, kills)
     remembered = fit(session.remembered, None, noise, kills) if session.remembered else None
@@ -213,8 +213,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # on a loaded machine): its cgroup is unknown, and a CNN in a 1 GiB group budgeted from the
     # machine's 20 GB after three steps was planned 1776 where 665 fits, and killed. Before its
     # first report, the cgroup read at hello bounds it (its usage then is counted as used: the
-    # budget errs low), so a job memd remembers starts from its curve, not from its default;
-    # not on a machine with GPUs, where a host pool means its GPU is not known yet.
+    # budget errs low), so a job memd remembers starts from its curve, not from its default.
     # A job running already when it said hello (the daemon restarted) holds what it runs until
     # its memory is read: counted as used by someone else, its own memory cut it to batch 1.
     unread = session.local and pool.name == budget.HOST and (job is None or not job.alive) and (

@@ -201,9 +201,10 @@ class Sessions:
         ``ttl`` of silence, and 256 of them from one peer held every slot long after it left."""
         if self.full():
             raise TooManySessions("%d sessions are open (max_sessions)" % self.max_sessions)
-        if not fields.get("local", True) and self.unwatched() >= max(1, int(self.max_sessions * UNWATCHED_SHARE)):
+        unwatched = sum(1 for s in self._by_token.values() if not s.local)
+        if not fields.get("local", True) and unwatched >= max(1, int(self.max_sessions * UNWATCHED_SHARE)):
             raise TooManySessions("%d sessions of processes the daemon cannot watch are open (a quarter of "
-                                  "max_sessions)" % self.unwatched())
+                                  "max_sessions)" % unwatched)
         now = self.clock()
         self._next_sid += 1
         session = Session(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now, **fields)
@@ -211,9 +212,6 @@ class Sessions:
         if session.nonce is not None:
             self._by_nonce[(session.host, session.pid, session.nonce)] = session
         return session
-
-    def unwatched(self) -> int:
-        return sum(1 for s in self._by_token.values() if not s.local)
 
     def find(self, host: str, pid: int, nonce: str) -> Optional[Session]:
         """The open session an earlier hello with this nonce opened for this process, if any."""

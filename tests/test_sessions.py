@@ -191,3 +191,16 @@ def test_a_step_that_went_as_planned_is_decided_on_at_the_next_sample(tmp_path, 
     ops.report(core, {"token": token, "batch_size": ops.plan(core, {"token": token})["plan"]["batch_size"],
                       "peak_bytes": GB})
     assert len(decided) == 3  # a new sample: the plan call decided, on everything reported
+
+
+def test_a_rejoining_job_keeps_its_running_batch_under_a_remembered_ceiling_and_bad_input_changes_nothing(tmp_path):
+    core, _ = core_for(tmp_path)
+    token = ops.hello(core, hello())["token"]
+    learn(core, token)
+    ops.oom(core, {"token": token, "batch_size": 32})
+    ops.bye(core, {"token": token})  # remembered: its curve and the ceiling 31
+    with pytest.raises(ops.Invalid, match="batch_size"):
+        ops.hello(core, hello(batch_size=0))
+    assert len(core.sessions) == 0  # refused before anything changed
+    session = core.sessions.get(ops.hello(core, hello(batch_size=24))["token"])
+    assert session.state.batch == 24 and session.state.ceiling == 31 and session.rejoined

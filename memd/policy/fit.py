@@ -62,7 +62,7 @@ class Observation:
 class Curve:
     fixed_bytes: float
     per_sample_bytes: float
-    source: str  # "prior", "bound" (one batch size seen), "fit" (two or more)
+    source: str  # "prior", "bound" (one batch size seen), "fit" (two or more); "remembered" (planner.curve_for)
     batch_sizes: int  # distinct batch sizes observed
     confidence: float  # 0..1: grows with distinct batch sizes and their spread
     # (batch, highest credible report) per observed batch size, ascending: what was seen beats

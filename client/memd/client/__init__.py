@@ -712,6 +712,7 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
     keyword arguments configure it); ``memd.client.session()`` returns it, to report an
     out-of-memory error with ``report_oom``.
     """
+    default = _usable_default(default)
     try:
         s = session(default_batch=default, **session_kwargs)
         s._step_done()
@@ -723,6 +724,22 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
         return plan.batch_size
     except Exception:
         return default
+
+
+_suggest_warned: set = set()
+
+
+def _usable_default(default: Any) -> int:
+    """``default`` as the int suggest_batch promises; one that is not a whole number of at least
+    1 ('big', 0, NaN, True) is 1, the batch that fits wherever any does, with a warning once.
+    Returned as given, a default of 'big' came back as 'big' from every call."""
+    if isinstance(default, int) and not isinstance(default, bool) and default >= 1:
+        return default
+    if isinstance(default, float) and default.is_integer() and default >= 1:
+        return int(default)
+    _warn_once(_suggest_warned, ("default", repr(default)[:64]), "memd: suggest_batch(default=%r) is not a whole "
+               "number >= 1; using 1", default)
+    return 1
 
 
 def session(**session_kwargs: Any) -> Session:

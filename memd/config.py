@@ -118,6 +118,8 @@ def _merge_file(path: str, values: Dict[str, Any], policy: Dict[str, Any]) -> No
         raise ConfigError("config file %s unreadable: %s" % (path, exc.strerror)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config file %s is not valid TOML: %s" % (path, exc)) from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: tomllib lets this one through
+        raise ConfigError("config file %s is not UTF-8 text (byte %d)" % (path, exc.start)) from None
     for key, value in data.items():
         if key == "policy":
             if not isinstance(value, dict):

@@ -48,6 +48,13 @@ def test_bad_config_names_the_key(tmp_path, toml, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "memd.toml"
+    path.write_bytes(b'interval = "\xff\xfe"\n')
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        config.load(str(path), environ={})
+
+
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         config.load(str(tmp_path / "nope.toml"), environ={})

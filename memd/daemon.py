@@ -57,16 +57,21 @@ class Daemon:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Sample once, bind, serve metrics, start the sampler; ConfigError if anything is taken."""
+        """Bind, serve metrics, sample once, start the sampler; ConfigError if anything is taken.
+        Bound first: a daemon that cannot bind says only why (it printed what NVML said first);
+        requests wait in the socket until run(), and a scrape before the first sample shows the
+        daemon's own metrics."""
         self.store.remove_stale_temps(before=time.time())
         self.store.load()
-        self._sample_once(jobs=False)
         self.server.bind()
         try:
             if self.cfg.metrics_address != "off":
                 self.metrics = metrics.serve(self.core, self.cfg.metrics_address)
-        except config_module.ConfigError:
+            self._sample_once(jobs=False)
+        except BaseException:
             self.server.close()
+            if self.metrics is not None:
+                self.metrics.shutdown()
             raise
         self._sampler_thread = threading.Thread(target=self._sample_loop, name="memd-sampler", daemon=True)
         self._sampler_thread.start()

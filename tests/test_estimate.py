@@ -211,20 +211,23 @@ def test_invalid_hints_give_no_prior(hints):
 
 # -- the command line --------------------------------------------------------------------------
 
-def _json(args):
+def _json(args, returncode=0):
     out = run_memd(["estimate"] + args + ["--json"])
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == returncode, out.stderr
     return json.loads(out.stdout)
 
 
 def test_cli_unified_examples():
     base = ["unified", "--memory-gb", "120", "--model", "qwen-image", "--resolution", "2048"]
-    data = _json(base + ["--workers", "2", "--ema"])
+    # The calculator's worked example: not one 16 GB sample fits in 9.9 GB, so exit 1 (it said so, and exited 0)
+    data = _json(base + ["--workers", "2", "--ema"], returncode=1)
     assert (data["batch_size"], data["reserved_gb"], data["available_gb"], data["per_sample_gb"]) == (1, 109, 9.9, 16)
+    assert data["fits"] is False
     data = _json(base + ["--workers", "0", "--ema", "--quantization", "8bit"])
     assert (data["batch_size"], data["reserved_gb"], data["available_gb"], data["per_sample_gb"]) == (3, 51, 62.1, 16)
     human = run_memd(["estimate"] + base + ["--workers", "2", "--ema"])
-    assert human.returncode == 0 and "109.0" in human.stdout and "9.90" in human.stdout
+    assert human.returncode == 1 and "109.0" in human.stdout and "9.90" in human.stdout
+    assert "NOT ENOUGH MEMORY for one sample" in human.stdout
 
 
 def test_cli_accum_examples():
@@ -233,6 +236,9 @@ def test_cli_accum_examples():
         assert (data["batch_size"], data["grad_accum_steps"], data["effective_batch_size"]) == (8, 2, 16)
     data = _json(["accum", "--max-batch", "5", "--target", "16", "--min-batch", "5"])
     assert data["effective_batch_size"] != 16 and data["note"]
+    # A smallest batch above the largest that fits does not fit (it recommended 100 where 24 fit)
+    out = run_memd(["estimate", "accum", "--gpu-gb", "24", "--min-batch", "100", "--target", "256"])
+    assert out.returncode == 1 and out.stdout == "--min-batch 100 does not fit: the largest batch is 24\n"
 
 
 def test_cli_transformer_and_llm():
@@ -241,6 +247,11 @@ def test_cli_transformer_and_llm():
     assert data["params"] == 124_439_808
     assert data["peak_bytes"] == est.transformer(12, 768, 12, 50257, 1024, 1024, 8, device="cuda").peak_bytes
     assert set(data["by_precision"]) == {"fp32", "mixed"}
+    bf16 = run_memd(["estimate", "transformer", "--layers", "12", "--d-model", "768", "--heads", "12", "--vocab",
+                     "50257", "--seq-len", "1024", "--batch", "8", "--precision", "bf16"])
+    header = bf16.stdout.splitlines()[1].split()
+    assert bf16.returncode == 0 and header == ["GB", "fp32", "mixed", "bf16"]  # the precision asked for is shown
+    assert _json(["llm", "--params", "8.03B", "--gpu-gb", "16"], returncode=1)["fixed_gb"] > 16  # does not fit
     data = _json(["llm", "--params", "8.03B", "--precision", "bf16", "--per-sample-gb", "1", "--gpu-gb", "80"])
     assert data["max_batch"] == 11 and data["fixed_gb"] == pytest.approx(68.24)
 

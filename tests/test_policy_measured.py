@@ -127,26 +127,6 @@ def test_small_moves_do_not_change_the_batch():
     assert plan(38, 30).batch_size == 30  # a larger drop goes straight to what fits
 
 
-def test_a_job_steady_short_of_what_fits_takes_a_last_small_gain():
-    """The CNN job jumped to 711 where 726 fit (94.5 % of what runs) and stayed: 2 % was under
-    min_gain. After stable_steps reports in a row at a batch, a third of min_gain is worth one
-    change; fewer, or a smaller gain, still wait."""
-    from memd.policy.budget import Pool
-
-    curve = Curve(330 * MiB, 1 * MiB, "fit", 5, 1.0, kills=True)
-    pool = Pool("host", "cpu", GiB, 330 * MiB + 726 * MiB, None, 0)
-
-    def plan(steady, current=711):
-        state = ControlState(batch=current, steady=steady)
-        return decide(curve, pool, Limits(), state, "ok", CFG, latest_batch=current)
-
-    assert plan(9).plan.batch_size == 711 and "not worth a change" in plan(9).plan.reason
-    moved = plan(10)
-    assert moved.plan.batch_size == 726 and "after 10 steps at 711, a last gain of 2.1 %" in moved.plan.reason
-    assert moved.state.steady == 0  # counted again from the new batch
-    assert plan(50, current=722).plan.batch_size == 722  # 0.6 %: not even then
-
-
 def test_the_first_step_after_a_change_counts_until_the_next_one():
     """On the CPU the first step at a new batch ran 40-70 MiB below the steps after it (the
     recommender at 6891: 7472, then 7517 and 7521 MiB): it stands for its batch only alone."""

@@ -56,7 +56,6 @@ class ControlState:
     batch: Optional[int] = None  # the batch size of the last plan
     ceiling: Optional[int] = None  # largest batch allowed since an OOM
     stable: int = 0  # clean reports since the last cut
-    steady: int = 0  # reports in a row at the planned batch
     critical_cut: bool = False  # the batch was already cut in the current critical episode
     # (a batch whose own steps stopped fitting this run, the batch the plan moved down to, the
     # budget then): the plan grows no further than the second until the budget grows, so a job
@@ -75,8 +74,7 @@ class Decision:
 
 def after_report(state: ControlState, batch: int) -> ControlState:
     """A clean step at ``batch``."""
-    return replace(state, stable=state.stable + 1 if batch == state.batch or state.batch is None else state.stable,
-                   steady=state.steady + 1 if batch == state.batch else 0)
+    return replace(state, stable=state.stable + 1 if batch == state.batch or state.batch is None else state.stable)
 
 
 def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig) -> ControlState:
@@ -114,8 +112,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if current is not None and budget is not None and curve is not None:
         outgrown = latest_batch == current and curve.kills
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
-        limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise,
-                                     state.steady)
+        limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -171,20 +168,16 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4,
     )
     predicted = curve.peak(batch) if curve is not None else None
-    new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap,
-                        steady=state.steady if batch == state.batch else 0)
+    new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap)
     return Decision(plan, new_state, budget, predicted, at_ceiling)
 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
             cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig, clear: Optional[int] = None,
-            spread: float = 0.0, steady: int = 0):
+            spread: float = 0.0):
     """Fewer, surer changes of batch: each costs the job memory and a DataLoader rebuild, and a
     run of small moves raised a real job's peaks by up to 10 % (the first step at a new size runs
-    low, the next ones high). Growth waits for a second report at the batch and must gain min_gain,
-    or, after ``stable_steps`` reports in a row at the batch (``steady``), a third of it: the
-    last move of a job that settled just short of what fits (the CNN job at 711 where 726 fit,
-    94.5 % of what runs) is worth one change in stable_steps steps.
+    low, the next ones high). Growth waits for a second report at the batch and must gain min_gain.
     ``outgrown_here``: the latest report is at this batch, in a pool where an overshoot kills; if
     the job's own steps say the batch no longer fits, the move down goes min_gain below it and the
     run stays there (on a GPU an overshoot is an out-of-memory error, and its ceiling remembers
@@ -199,9 +192,6 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
                 return current, "keeping %d: %d stopped fitting this run" % (current, cap[0]), cap
             limit, reason = cap[1], "%d: %d stopped fitting this run" % (cap[1], cap[0])
         if limit < current * (1 + cfg.min_gain):
-            if steady >= cfg.stable_steps and limit >= current * (1 + cfg.min_gain / 3):
-                return limit, "%s; after %d steps at %d, a last gain of %.1f %%" % (
-                    reason, steady, current, 100.0 * (limit - current) / current), cap
             return current, "keeping %d: %d would fit, a gain under %.0f %% is not worth a change of batch" % (
                 current, limit, 100 * cfg.min_gain), cap
         return limit, reason, cap

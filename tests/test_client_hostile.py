@@ -88,6 +88,19 @@ def test_garbage_replies_give_a_fallback_within_the_timeout(name):
         close()
 
 
+def test_a_reply_that_carries_no_plan_gives_a_fallback():
+    """A token but never a plan: plan() returned None here, and the training loop's plan.batch_size died."""
+    endpoint, close = reply_with(lambda r: [ok(r, {"token": "t"})])
+    s = client.Session("planless", endpoint=endpoint, timeout=0.1, default_batch=8)
+    try:
+        for _ in range(2):
+            plan = s.plan()
+            assert isinstance(plan, client.Plan) and plan.source == "fallback" and plan.batch_size == 8, plan
+    finally:
+        s.close()
+        close()
+
+
 def test_a_wellformed_reply_after_garbage_is_taken():
     replies = iter([[b"\xc1"], [b"junk"]])
 

@@ -158,6 +158,8 @@ class Session:
         if self._plan is not None and time.monotonic() < self._plan_expires:
             return self._plan  # hello (or a drained reply) just brought one
         self._accept(self._call("plan", deadline, token=self._token))
+        if self._plan is None:  # a reply that carried no plan, and none before it
+            raise _Unavailable("the daemon's reply carried no plan")
         return self._plan
 
     def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 import structlog
 
@@ -172,8 +172,9 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     if session.at_ceiling and batch == session.state.batch:
         session.ceiling_steps += 1  # a clean step held at its ceiling (Session.learned)
     session.state = after_report(session.state, batch)
-    if _as_planned(core, session, batch, peak):
-        return {"plan": session.plan.to_wire()}
+    planned = session.plan
+    if planned is not None and _as_planned(core, session, batch, peak):
+        return {"plan": planned.to_wire()}
     core.epoch += 1
     return {"plan": _decide(core, session).plan.to_wire()}
 
@@ -413,7 +414,8 @@ def _measure_peak(core: Core, session: Session) -> Optional[int]:
             return None
         pids = set(job_pids(job))
         used = [p.used_bytes for p in gpu.processes if p.pid in pids]
-        return sum(used) if used and None not in used else None
+        known = [u for u in used if u is not None]
+        return sum(known) if known and len(known) == len(used) else None
     peak = procs.read_peak_rss(session.pid, core.proc_root)
     procs.reset_peak_rss(session.pid, core.proc_root)
     return peak
@@ -428,6 +430,14 @@ def _session_view(s: Session) -> Result:
         "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
         "unwatched": s.unwatched,
     }
+
+
+@overload
+def _int(req: Dict[str, Any], name: str, required: Literal[True]) -> int: ...
+@overload
+def _int(req: Dict[str, Any], name: str, *, default: int) -> int: ...
+@overload
+def _int(req: Dict[str, Any], name: str) -> Optional[int]: ...
 
 
 def _int(req: Dict[str, Any], name: str, required: bool = False, default: Optional[int] = None) -> Optional[int]:
@@ -457,6 +467,12 @@ def _number(req: Dict[str, Any], name: str) -> Optional[float]:
     if not low <= value <= high:
         raise Invalid("%s must be a finite number in [%g, %g], got %r" % (name, low, high, value))
     return float(value)
+
+
+@overload
+def _str(req: Dict[str, Any], name: str, required: Literal[True], limit: int = 256) -> str: ...
+@overload
+def _str(req: Dict[str, Any], name: str, *, limit: int = 256) -> Optional[str]: ...
 
 
 def _str(req: Dict[str, Any], name: str, required: bool = False, limit: int = 256) -> Optional[str]:

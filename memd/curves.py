@@ -23,7 +23,7 @@ from memd.state import Memory, owner_of
 PAGE_BYTES = protocol.MAX_MESSAGE_BYTES // 2
 ENTRY_BYTES = 3 * 1024  # the most one entry can take (above); tests check it
 
-Recall = Callable[[str, str], Memory]  # Store.recall, of a key Store.keys gave
+Recall = Callable[[str, str], Optional[Memory]]  # Store.recall
 
 
 def view(job: str, pool: str, memory: Memory) -> Dict[str, Any]:
@@ -49,7 +49,9 @@ def page(keys: Sequence[Tuple[str, str]], recall: Recall, after: Optional[Sequen
     shown: List[Dict[str, Any]] = []
     used = 0
     for job, pool in keys[start:]:
-        entry = view(job, pool, recall(job, pool))
+        memory = recall(job, pool)
+        assert memory is not None, "Store.keys() gave %r, Store.recall() did not find it" % ((job, pool),)
+        entry = view(job, pool, memory)
         size = len(protocol.encode(entry))
         if shown and used + size > budget:
             break

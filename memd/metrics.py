@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import platform
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional, Union
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
@@ -50,7 +50,7 @@ class MemdCollector:
         core = self.core
         sessions = list(core.sessions)
         yield _gauge("memd_sessions", "Training sessions registered now", len(sessions))
-        families = {
+        families: Dict[str, Union[GaugeMetricFamily, CounterMetricFamily]] = {
             "batch": GaugeMetricFamily("memd_session_recommended_batch_size", "Batch size the plan recommends", labels=SESSION_LABELS),
             "accum": GaugeMetricFamily("memd_session_grad_accum_steps", "Gradient-accumulation steps the plan recommends", labels=SESSION_LABELS),
             "effective": GaugeMetricFamily("memd_session_effective_batch_size", "Batch size x accumulation steps of the plan", labels=SESSION_LABELS),
@@ -157,9 +157,9 @@ def _host(snap: Snapshot) -> Iterator[Metric]:
             ("memd_cgroup_oom_kill_events", "Processes killed by the OOM killer in the cgroup", cg.oom_kill_events),
         ):
             if value is not None:
-                family = CounterMetricFamily(name, help_text, labels=labels)
-                family.add_metric(values, value)
-                yield family
+                counter = CounterMetricFamily(name, help_text, labels=labels)
+                counter.add_metric(values, value)
+                yield counter
 
 
 def _gpus(snap: Snapshot) -> Iterator[Metric]:

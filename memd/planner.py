@@ -289,6 +289,7 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
     (``growth``, GROWTH_AHEAD at their rate) is held back from the batch's budget in a shared
     pool: a job with four growing workers was planned a batch that fit at the time, and the
     workers' growth killed it 8 steps later."""
+    cpus: Optional[float]
     if job is not None and job.cpus:
         cpus = job.cpus / (session.local_world_size or 1)  # the node's ranks share its CPUs
     else:

@@ -55,7 +55,7 @@ class Server:
         self.context = zmq.Context(io_threads=1)
         # CURVE never without its allow-list (zap.py): no keys given admits nobody, not everybody.
         self.zap = Gate(self.context, client_keys or frozenset()) if curve_secret_key is not None else None
-        self.sock: Optional[zmq.Socket] = None
+        self.sock: Optional[zmq.SyncSocket] = None
         self._ipc_path: Optional[str] = None
         self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
         self._trim_at = 0.0  # monotonic time before which it is not trimmed again
@@ -70,6 +70,7 @@ class Server:
         if self.zap is not None:
             if self.zap.sock is None:
                 self.zap.bind()  # first: a handshake before it would go unchecked
+            assert self.curve_secret_key is not None  # the gate is made only with a key
             sock.curve_secretkey = self.curve_secret_key
             sock.curve_publickey = zmq.curve_public(self.curve_secret_key)
             sock.curve_server = True
@@ -118,7 +119,7 @@ class Server:
         assert self.sock is not None
         if self._dropped_bytes >= TRIM_AFTER:
             self._trim()
-        if not self._poller.poll(timeout * 1000):
+        if not self._poller.poll(int(timeout * 1000)):
             return 0
         if self.zap is not None:
             self.zap.serve()  # handshakes waiting for the allow-list's word
@@ -132,7 +133,7 @@ class Server:
                 break
             handled += 1
             self._handle(frames, dropped)
-            if not self.sock.getsockopt(_EVENTS) & _POLLIN:
+            if not self.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq: int | bytes; EVENTS is an int
                 break
         return handled
 
@@ -161,6 +162,7 @@ class Server:
         return frames, dropped
 
     def _handle(self, frames: List[bytes], dropped: int = 0) -> None:
+        assert self.sock is not None  # bound: called from poll()
         start = time.perf_counter()
         if len(frames) < 2:
             return  # cannot happen on a ROUTER; nothing to route a reply to

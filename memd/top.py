@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, TextIO
+from typing import Any, Callable, Dict, List, Optional, TextIO, Type
 
 GiB = 2 ** 30
 CLEAR = "\x1b[H\x1b[2J"
@@ -84,7 +84,7 @@ def render(status: Dict[str, Any], width: int = 100) -> str:
 
 
 def run(fetch: Callable[[], Dict[str, Any]], interval: float = 1.0, once: bool = False,
-        out: TextIO = sys.stdout, unavailable: type = Exception, iterations: Optional[int] = None) -> int:
+        out: TextIO = sys.stdout, unavailable: Type[BaseException] = Exception, iterations: Optional[int] = None) -> int:
     """Poll ``fetch`` and redraw until interrupted; ``once`` prints one frame (exit 1 without a daemon)."""
     shown = 0
     while iterations is None or shown < iterations:

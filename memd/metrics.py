@@ -12,8 +12,13 @@ import platform
 from typing import Dict, Iterator, Optional, Union
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                    InfoMetricFamily, Metric)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 from memd.config import ConfigError, parse_address
 from memd.core import VERSION, Core

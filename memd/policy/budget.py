@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
 from memd.config import PolicyConfig
-from memd.sampling.snapshot import JobMemory
-from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, Snapshot
+from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, JobMemory, Snapshot
 
 HOST = "host"
 

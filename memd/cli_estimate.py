@@ -42,7 +42,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", required=True, help="architecture: " + ", ".join(est.ARCH_WEIGHTS_GB))
     p.add_argument("--resolution", type=int, required=True, help="training resolution in pixels (square)")
     p.add_argument("--workers", type=int, default=0, help="dataloader workers (default 0)")
-    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB, help="GB per worker (default 8; ~4 for small models)")
+    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB,
+                   help="GB per worker (default 8; ~4 for small models)")
     p.add_argument("--os-reserve-gb", type=float, default=est.OS_RESERVE_GB, help="kept for the OS (default 8)")
     p.add_argument("--quantization", default="none", help="none, 8bit or 4bit base model")
     p.add_argument("--optimizer", default="adamw", help="adamw, lamb, adafactor or sgd")

@@ -75,7 +75,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         raise Invalid("hints must be a map of at most 64 scalars")
     hints, ignored = _bounded_hints(hints)
     limits = Limits(limits.min_batch, limits.max_batch, limits.default_batch, limits.target,
-                    num_workers=_hint_count(hints, "num_workers"), prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
+                    num_workers=_hint_count(hints, "num_workers"),
+                    prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
     pid = _int(req, "pid", required=True)
     rank, world_size = _int(req, "rank"), _int(req, "world_size")
     if rank is not None and world_size is not None and rank >= world_size:
@@ -256,7 +257,8 @@ def curves(core: Core, req: Dict[str, Any]) -> Result:
     after = req.get("after")
     if after is not None and not (isinstance(after, list) and len(after) == 2 and all(
             isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
-        raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)" % MAX_KEY_CHARS)
+        raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)"
+                      % MAX_KEY_CHARS)
     return learned.page(core.store.keys(), core.store.recall, after)
 
 

@@ -4,8 +4,9 @@ Only this module (with zap.py, its CURVE allow-list) and the client touch zmq. I
 reply envelope, maps exceptions to error codes in one place (a handler's Invalid is the
 client's fault, anything else the daemon's: ``internal``, its traceback logged at most once a
 minute per op and error), and never blocks: replies are sent without waiting (a peer that does
-not read its replies loses them, it does not stall the daemon). Messages over the protocol cap get a ``too_large`` reply; messages over four
-times the cap are dropped by libzmq itself (ZMQ_MAXMSGSIZE), which disconnects the sender.
+not read its replies loses them, it does not stall the daemon). Messages over the protocol cap
+get a ``too_large`` reply; messages over four times the cap are dropped by libzmq itself
+(ZMQ_MAXMSGSIZE), which disconnects the sender.
 ZMQ_MAXMSGSIZE caps a frame, not a message, so frames beyond the protocol's (MAX_FRAMES) are
 received without a copy and dropped, never echoed, and each peer's queue holds at most RCVHWM
 messages (docs/protocol.md, "Envelope").
@@ -101,7 +102,8 @@ class Server:
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
         except OSError as exc:
-            raise ConfigError("cannot create socket directory %s: %s (--endpoint)" % (directory, exc.strerror)) from None
+            raise ConfigError("cannot create socket directory %s: %s (--endpoint)"
+                              % (directory, exc.strerror)) from None
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -197,8 +199,8 @@ class Server:
                 request_id = None
                 raise _Error(protocol.BAD_REQUEST, "id must be an integer")
             if request.get("v") != protocol.VERSION:
-                raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon speaks %d)"
-                             % (request.get("v"), protocol.VERSION))
+                raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon "
+                             "speaks %d)" % (request.get("v"), protocol.VERSION))
             name = request.get("op")
             if not isinstance(name, str):
                 raise Invalid("op is required" if name is None else "op must be a string, not %s" % type(name).__name__)

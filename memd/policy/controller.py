@@ -257,8 +257,9 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     if curve.source == "prior" and curve.batch_sizes == 0:
         # Only a prior: start no higher than the job's default, or half what the prior allows.
         first = min(start, fits) if limits.default_batch else max(limits.min_batch, fits // 2)
-        return max(first, 1), "starting at %d from the prior estimate (%.1f GiB fixed + %.2f GiB/sample, budget %.1f GiB)" % (
-            max(first, 1), curve.fixed_bytes / GiB, curve.per_sample_bytes / GiB, budget / GiB)
+        return max(first, 1), (
+            "starting at %d from the prior estimate (%.1f GiB fixed + %.2f GiB/sample, budget %.1f GiB)"
+            % (max(first, 1), curve.fixed_bytes / GiB, curve.per_sample_bytes / GiB, budget / GiB))
     anchor = latest_batch or current or start
     if curve.source == "prior" and fits > anchor * cfg.max_growth:
         return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
@@ -275,7 +276,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
             "an overshoot here is a kill: at most %gx the largest batch seen" % cfg.max_growth
         return grow, "ramping %d -> %d toward %d (%s)" % (anchor, grow, fits, why)
     batches = [b for b, _ in curve.observed]
-    narrow = curve.source == "bound" or (curve.source == "fit" and curve.confidence < SURE and max(batches) < 2 * min(batches))
+    narrow = curve.source == "bound" or (
+        curve.source == "fit" and curve.confidence < SURE and max(batches) < 2 * min(batches))
     if (narrow and fits <= anchor and latest_peak and latest_batch
             and budget - latest_peak >= 0.5 * latest_peak / latest_batch and anchor // 2 >= limits.min_batch):
         # No provable room, yet room left, and the batches seen are too close together to tell
@@ -287,7 +289,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     peak = curve.peak(max(fits, 1))
     seen = dict(curve.observed).get(fits)
     if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line
-        return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (fits, seen / GiB, budget / GiB)
+        return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (
+            fits, seen / GiB, budget / GiB)
     return fits, "%d fits: predicted peak %.2f GiB of a %.2f GiB budget (%s from %d batch size%s)" % (
         fits, peak / GiB, budget / GiB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 

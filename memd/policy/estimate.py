@@ -184,7 +184,8 @@ def optimizer_name(name: str) -> str:
 
 
 def precision_name(name: str) -> str:
-    key = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "amp": "mixed"}.get(str(name).lower(), str(name).lower())
+    lower = str(name).lower()
+    key = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "amp": "mixed"}.get(lower, lower)
     if key not in PRECISIONS:
         raise EstimateError("unknown precision %r (one of %s)" % (name, ", ".join(PRECISIONS)))
     return key

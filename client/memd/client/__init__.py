@@ -438,8 +438,9 @@ class Session:
         if "plan" not in result:
             return
         asked = self.hints.get("num_workers")
+        workers = asked if isinstance(asked, int) else max(1, usable_cpus() or 1)
         plan = within_limits(Plan.from_wire(result["plan"], source="daemon"), self.min_batch, self.max_batch,
-                             self.target_effective_batch, asked if isinstance(asked, int) else max(1, usable_cpus() or 1))
+                             self.target_effective_batch, workers)
         self._plan = plan
         if not late:
             self._plan_expires = time.monotonic() + plan.fresh_for
@@ -581,7 +582,8 @@ def _wire_number(value: Any, name: str, call: str, warned: Set[object]) -> Any:
         if not low <= number <= high:  # False for NaN too
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        _warn_once(warned, (call, name), "memd: %s(%s=%.60r) left out: not a number in [%d, %d]", call, name, value, low, high)
+        _warn_once(warned, (call, name), "memd: %s(%s=%.60r) left out: not a number in [%d, %d]",
+                   call, name, value, low, high)
         return None
     return number
 

@@ -14,12 +14,13 @@ by less than a tenth, the next batches the workers are handed take the new size 
 prefetched come at the old one): the workers, and what each has copied of the dataset, stay.
 When it shrinks further, or the workers or prefetch change, the DataLoader is rebuilt at the next
 batch boundary over the samples the epoch has not delivered yet, so none is lost or repeated
-(batches the old workers had prefetched are dropped, not delivered). While the plan says ``throttle`` the loader waits before fetching more,
-up to ``throttle_wait`` seconds at a time. Each batch after the first tells the session the step
-before it ran (the daemon measures what it cost), with the batch's bytes, as ``suggest_batch``
-does; pass ``report=False`` when the loop reports its steps itself, and call ``report_oom()`` when
-a step on the latest batch ran out of memory. Under torch.distributed every
-rank follows the same plan (``agreed_plan``): iterate the loader on every rank in step.
+(batches the old workers had prefetched are dropped, not delivered). While the plan says
+``throttle`` the loader waits before fetching more, up to ``throttle_wait`` seconds at a time.
+Each batch after the first tells the session the step before it ran (the daemon measures what it
+cost), with the batch's bytes, as ``suggest_batch`` does; pass ``report=False`` when the loop
+reports its steps itself, and call ``report_oom()`` when a step on the latest batch ran out of
+memory. Under torch.distributed every rank follows the same plan (``agreed_plan``): iterate the
+loader on every rank in step.
 torch is imported when a MemdLoader is built, never by ``import memd.client``.
 """
 from __future__ import annotations
@@ -90,7 +91,8 @@ class MemdLoader:
         self.plan: Optional[Plan] = None
         self._loader: Any = None  # torch's DataLoader
         self._config: Optional[_Config] = None
-        self._last: Optional[Tuple[int, int]] = None  # (batch size, bytes) of the batch delivered last, not yet reported
+        # (batch size, bytes) of the batch delivered last, not yet reported
+        self._last: Optional[Tuple[int, int]] = None
 
     def set_epoch(self, epoch: int) -> None:
         """Passed on to a sampler that has it (DistributedSampler)."""

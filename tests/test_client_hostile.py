@@ -55,7 +55,8 @@ GOOD_PLAN = {"batch_size": 8, "grad_accum_steps": 1, "effective_batch_size": 8, 
 HOSTILE = {
     "not msgpack": lambda r: [b"\xc1\xc1\xc1"],
     "not a map": lambda r: [msgpack.packb([1, 2, 3])],
-    "wrong id": lambda r: [msgpack.packb({"v": 1, "id": 999999, "ok": True, "result": {"token": "t", "plan": GOOD_PLAN}})],
+    "wrong id": lambda r: [msgpack.packb({"v": 1, "id": 999999, "ok": True,
+                                          "result": {"token": "t", "plan": GOOD_PLAN}})],
     "ok without result": lambda r: [msgpack.packb({"v": 1, "id": r.get("id"), "ok": True})],
     "token of the wrong type": lambda r: [ok(r, {"token": 5, "plan": GOOD_PLAN})],
     "plan with a negative batch": lambda r: [ok(r, {"token": "t", "plan": dict(GOOD_PLAN, batch_size=-3)})],
@@ -163,7 +164,8 @@ def test_a_socket_another_user_made_where_anyone_may_is_not_trusted(tmp_path):
     with client.Session("careful", endpoint=endpoint, timeout=0.1, default_batch=8) as s:
         plan = s.plan()
         assert plan.source == "fallback" and plan.batch_size == 8
-        assert "socket directory %s belongs to uid 65534, not to this user or root: not trusted" % squatted in plan.reason
+        assert ("socket directory %s belongs to uid 65534, not to this user or root: not trusted" % squatted
+                in plan.reason)
     with pytest.raises(client.DaemonUnavailable, match="not trusted"):
         client.call("ping", endpoint=endpoint)
     private = tmp_path / "run"

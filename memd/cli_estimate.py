@@ -57,7 +57,8 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=_unified)
 
     p = sub.add_parser("accum", help="batch size and gradient accumulation for a target effective batch")
-    p.add_argument("--gpu-gb", type=float, help="GPU memory in GB: the largest batch is GPU GB / (sample GB x (1 + 0.7 per extra image))")
+    p.add_argument("--gpu-gb", type=float,
+                   help="GPU memory in GB: the largest batch is GPU GB / (sample GB x (1 + 0.7 per extra image))")
     p.add_argument("--max-batch", type=int, help="a known largest batch instead of --gpu-gb")
     p.add_argument("--images-per-sample", type=int, default=1, help="images per sample (+70%% memory each)")
     p.add_argument("--sample-gb", type=float, default=0.8, help="GB per one-image sample (default 0.8)")
@@ -164,8 +165,8 @@ def _accum(args: argparse.Namespace) -> int:
         return _fail(args, exc)
     data = dict(asdict(r), fits=args.min_batch <= r.max_batch)
     if not data["fits"]:
-        return _emit(args, data, ["--min-batch %d does not fit: the largest batch is %d" % (args.min_batch, r.max_batch)],
-                     fits=False)
+        why = "--min-batch %d does not fit: the largest batch is %d" % (args.min_batch, r.max_batch)
+        return _emit(args, data, [why], fits=False)
     line = "largest batch %d -> batch %d x %d accumulation steps = effective %d" % (
         r.max_batch, r.batch_size, r.grad_accum_steps, r.effective_batch_size)
     return _emit(args, data, [line] + (["note: " + r.note] if r.note else []))

@@ -141,7 +141,8 @@ s = client.Session("throttled", default_batch=4, timeout=1.0)
 s.plan()
 ballast = []
 limit = int(open(os.path.join(group, "memory.limit_in_bytes")).read())
-while room() > 0.008 * limit:  # the group all but full (under half its 16 MiB margin): memd's critical level for this job
+# The group all but full (under half its 16 MiB margin): memd's critical level for this job.
+while room() > 0.008 * limit:
     block = bytearray(2 << 20)
     block[::4096] = b"x" * len(block[::4096])
     ballast.append(block)

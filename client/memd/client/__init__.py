@@ -742,7 +742,7 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
         return default
 
 
-_suggest_warned: set = set()
+_suggest_warned: Set[object] = set()
 
 
 def _usable_default(default: Any) -> int:

@@ -55,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file (optional; defaults are embedded)")
     serve.add_argument("--endpoint", metavar="E", help="control endpoint, ipc://PATH or tcp://127.0.0.1:PORT")
-    serve.add_argument("--metrics-address", metavar="A", help="HOST:PORT for /metrics, or 'off' (default 127.0.0.1:9463)")
+    serve.add_argument("--metrics-address", metavar="A",
+                       help="HOST:PORT for /metrics, or 'off' (default 127.0.0.1:9463)")
     serve.add_argument("--interval", metavar="S", type=str, help="seconds between samples (default 0.2)")
     serve.add_argument("--state-dir", metavar="D", help="where learned memory curves are kept")
     serve.set_defaults(run=_serve)
@@ -164,8 +165,9 @@ def _sample(args: argparse.Namespace) -> int:
         print("\nprocesses of %d:" % args.pid)
         print("  %7s %7s %-16s %9s %9s %9s %9s" % ("pid", "ppid", "name", "rss MiB", "pss MiB", "uss MiB", "gpu MiB"))
         for p in data["processes"]:
-            print("  %7d %7d %-16s %9s %9s %9s %9s" % (p["pid"], p["ppid"], p["name"][:16], _mib(p["rss_bytes"]),
-                                                       _mib(p["pss_bytes"]), _mib(p["uss_bytes"]), _mib(p["gpu_bytes"])))
+            print("  %7d %7d %-16s %9s %9s %9s %9s" % (
+                p["pid"], p["ppid"], p["name"][:16], _mib(p["rss_bytes"]), _mib(p["pss_bytes"]), _mib(p["uss_bytes"]),
+                _mib(p["gpu_bytes"])))
     for error in data["errors"]:
         print("  ! %s: %s" % (error["source"], error["message"]))
     return 0

@@ -62,7 +62,8 @@ def render(curves: List[Dict[str, Any]]) -> str:
     points at one batch as their range and count), within WIDTH columns."""
     if not curves:
         return "memd remembers no curves yet\n"
-    lines = ["memd remembers %d curve%s (`memd forget JOB` drops a job's)" % (len(curves), "" if len(curves) == 1 else "s")]
+    lines = ["memd remembers %d curve%s (`memd forget JOB` drops a job's)"
+             % (len(curves), "" if len(curves) == 1 else "s")]
     for c in curves:
         ceiling = c.get("ceiling")
         lines += ["", c["job"],
@@ -98,7 +99,10 @@ def _by_batch(points: List[List[int]]) -> List[str]:
     items = []
     for batch in sorted(peaks):
         low, high, n = min(peaks[batch]), max(peaks[batch]), len(peaks[batch])
-        text = "%d: %s" % (batch, _gib(low)) if _gib(low) == _gib(high) else "%d: %s-%s" % (batch, _gib(low), _gib(high))
+        if _gib(low) == _gib(high):
+            text = "%d: %s" % (batch, _gib(low))
+        else:
+            text = "%d: %s-%s" % (batch, _gib(low), _gib(high))
         items.append(text + (" (%d steps)" % n if n > 1 else ""))
     return items
 
@@ -154,7 +158,8 @@ def _forget(args: argparse.Namespace) -> int:
         return 1
     line = "forgot %d curve%s of %s" % (forgotten, "" if forgotten == 1 else "s", where)
     if sessions:
-        line += "; %d live session%s of it will keep nothing learned before now" % (sessions, "" if sessions == 1 else "s")
+        line += "; %d live session%s of it will keep nothing learned before now" % (
+            sessions, "" if sessions == 1 else "s")
     print(line)
     if result.get("saved") is False:
         print("memd: but the daemon could not write its state file (its log says why); it retries at its next "

@@ -42,7 +42,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--model", required=True, help="architecture: " + ", ".join(est.ARCH_WEIGHTS_GB))
     p.add_argument("--resolution", type=int, required=True, help="training resolution in pixels (square)")
     p.add_argument("--workers", type=int, default=0, help="dataloader workers (default 0)")
-    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB, help="GB per worker (default 8; ~4 for small models)")
+    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB,
+                   help="GB per worker (default 8; ~4 for small models)")
     p.add_argument("--os-reserve-gb", type=float, default=est.OS_RESERVE_GB, help="kept for the OS (default 8)")
     p.add_argument("--quantization", default="none", help="none, 8bit or 4bit base model")
     p.add_argument("--optimizer", default="adamw", help="adamw, lamb, adafactor or sgd")
@@ -56,7 +57,8 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=_unified)
 
     p = sub.add_parser("accum", help="batch size and gradient accumulation for a target effective batch")
-    p.add_argument("--gpu-gb", type=float, help="GPU memory in GB: the largest batch is GPU GB / (sample GB x (1 + 0.7 per extra image))")
+    p.add_argument("--gpu-gb", type=float,
+                   help="GPU memory in GB: the largest batch is GPU GB / (sample GB x (1 + 0.7 per extra image))")
     p.add_argument("--max-batch", type=int, help="a known largest batch instead of --gpu-gb")
     p.add_argument("--images-per-sample", type=int, default=1, help="images per sample (+70%% memory each)")
     p.add_argument("--sample-gb", type=float, default=0.8, help="GB per one-image sample (default 0.8)")
@@ -163,8 +165,8 @@ def _accum(args: argparse.Namespace) -> int:
         return _fail(args, exc)
     data = dict(asdict(r), fits=args.min_batch <= r.max_batch)
     if not data["fits"]:
-        return _emit(args, data, ["--min-batch %d does not fit: the largest batch is %d" % (args.min_batch, r.max_batch)],
-                     fits=False)
+        why = "--min-batch %d does not fit: the largest batch is %d" % (args.min_batch, r.max_batch)
+        return _emit(args, data, [why], fits=False)
     line = "largest batch %d -> batch %d x %d accumulation steps = effective %d" % (
         r.max_batch, r.batch_size, r.grad_accum_steps, r.effective_batch_size)
     return _emit(args, data, [line] + (["note: " + r.note] if r.note else []))

@@ -184,8 +184,9 @@ def validate(config: Config) -> None:
     if config.metrics_address != "off":
         parse_address(config.metrics_address)
     p = config.policy
-    for name in ("margin_ratio", "os_reserve_max_ratio", "elevated_some_avg10", "high_some_avg10", "critical_full_avg10",
-                 "critical_available_ratio", "oom_cut", "min_gain", "peak_spread_host", "peak_spread_gpu"):
+    for name in ("margin_ratio", "os_reserve_max_ratio", "elevated_some_avg10", "high_some_avg10",
+                 "critical_full_avg10", "critical_available_ratio", "oom_cut", "min_gain", "peak_spread_host",
+                 "peak_spread_gpu"):
         if not 0 <= getattr(p, name) < 1:
             raise ConfigError("config key 'policy.%s' must be a ratio in [0, 1)" % name)
     if not p.elevated_some_avg10 <= p.high_some_avg10:

@@ -27,6 +27,7 @@ from memd.notify import Notifier
 from memd.policy.pressure import host_signals, next_state
 from memd.sampling import procs
 from memd.sampling.sampler import Sampler
+from memd.sampling.snapshot import Snapshot
 from memd.server import Server
 from memd.sessions import Session, Sessions
 from memd.state import StateStore
@@ -49,7 +50,7 @@ class Daemon:
         self.core = Core(cfg, sessions, self.store, clock=clock, proc_root=self.sampler.proc_root)
         self.server = Server(cfg.resolved_endpoint(), self._dispatch(), self.core.observe_request,
                              curve_secret_key=_curve_key(cfg), client_keys=_client_keys(cfg))
-        self.metrics = None
+        self.metrics: Optional[metrics.MetricsServer] = None
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._sampler_thread: Optional[threading.Thread] = None
@@ -67,7 +68,7 @@ class Daemon:
         try:
             if self.cfg.metrics_address != "off":
                 self.metrics = metrics.serve(self.core, self.cfg.metrics_address)
-            self._sample_once(jobs=False)
+            snap = self._sample_once(jobs=False)
         except BaseException:
             self.server.close()
             if self.metrics is not None:
@@ -75,7 +76,6 @@ class Daemon:
             raise
         self._sampler_thread = threading.Thread(target=self._sample_loop, name="memd-sampler", daemon=True)
         self._sampler_thread.start()
-        snap = self.core.snapshot
         log.info("memd ready", version=VERSION, endpoint=self.server.endpoint, metrics=self.cfg.metrics_address,
                  memory_model=snap.memory_model, gpus=len(snap.gpus), state_dir=self.store.directory,
                  remembered_jobs=len(self.store), curve_clients=_admitted(self.server))
@@ -148,7 +148,7 @@ class Daemon:
                 log.exception("sampling failed; keeping the previous snapshot")
             self._stop.wait(max(0.0, self.cfg.interval - (self.clock() - started)))
 
-    def _sample_once(self, jobs: bool) -> None:
+    def _sample_once(self, jobs: bool) -> Snapshot:
         snap = self.sampler.sample()
         core = self.core
         core.pressure = next_state(core.pressure, host_signals(snap), snap.monotonic, self.cfg.policy)
@@ -162,6 +162,7 @@ class Daemon:
             fresh = {pid: self._read_job(pid, snap) for pid in pids - core.jobs.keys()}
             core.jobs = {**core.jobs, **fresh}  # published whole, never mutated in place
         core.sampler_heartbeat = self.clock()
+        return snap
 
     def _read_job(self, pid: int, snap):
         """A job's tree and cgroup. A cgroup, or a live process, that could not be read this time

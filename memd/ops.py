@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 import structlog
 
@@ -75,7 +75,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         raise Invalid("hints must be a map of at most 64 scalars")
     hints, ignored = _bounded_hints(hints)
     limits = Limits(limits.min_batch, limits.max_batch, limits.default_batch, limits.target,
-                    num_workers=_hint_count(hints, "num_workers"), prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
+                    num_workers=_hint_count(hints, "num_workers"),
+                    prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
     pid = _int(req, "pid", required=True)
     rank, world_size = _int(req, "rank"), _int(req, "world_size")
     if rank is not None and world_size is not None and rank >= world_size:
@@ -172,8 +173,9 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     if session.at_ceiling and batch == session.state.batch:
         session.ceiling_steps += 1  # a clean step held at its ceiling (Session.learned)
     session.state = after_report(session.state, batch)
-    if _as_planned(core, session, batch, peak):
-        return {"plan": session.plan.to_wire()}
+    planned = session.plan
+    if planned is not None and _as_planned(core, session, batch, peak):
+        return {"plan": planned.to_wire()}
     core.epoch += 1
     return {"plan": _decide(core, session).plan.to_wire()}
 
@@ -255,7 +257,8 @@ def curves(core: Core, req: Dict[str, Any]) -> Result:
     after = req.get("after")
     if after is not None and not (isinstance(after, list) and len(after) == 2 and all(
             isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
-        raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)" % MAX_KEY_CHARS)
+        raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)"
+                      % MAX_KEY_CHARS)
     return learned.page(core.store.keys(), core.store.recall, after)
 
 
@@ -413,7 +416,8 @@ def _measure_peak(core: Core, session: Session) -> Optional[int]:
             return None
         pids = set(job_pids(job))
         used = [p.used_bytes for p in gpu.processes if p.pid in pids]
-        return sum(used) if used and None not in used else None
+        known = [u for u in used if u is not None]
+        return sum(known) if known and len(known) == len(used) else None
     peak = procs.read_peak_rss(session.pid, core.proc_root)
     procs.reset_peak_rss(session.pid, core.proc_root)
     return peak
@@ -428,6 +432,14 @@ def _session_view(s: Session) -> Result:
         "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
         "unwatched": s.unwatched,
     }
+
+
+@overload
+def _int(req: Dict[str, Any], name: str, required: Literal[True]) -> int: ...
+@overload
+def _int(req: Dict[str, Any], name: str, *, default: int) -> int: ...
+@overload
+def _int(req: Dict[str, Any], name: str) -> Optional[int]: ...
 
 
 def _int(req: Dict[str, Any], name: str, required: bool = False, default: Optional[int] = None) -> Optional[int]:
@@ -457,6 +469,12 @@ def _number(req: Dict[str, Any], name: str) -> Optional[float]:
     if not low <= value <= high:
         raise Invalid("%s must be a finite number in [%g, %g], got %r" % (name, low, high, value))
     return float(value)
+
+
+@overload
+def _str(req: Dict[str, Any], name: str, required: Literal[True], limit: int = 256) -> str: ...
+@overload
+def _str(req: Dict[str, Any], name: str, *, limit: int = 256) -> Optional[str]: ...
 
 
 def _str(req: Dict[str, Any], name: str, required: bool = False, limit: int = 256) -> Optional[str]:

@@ -141,7 +141,8 @@ def reserved_growth(others: Sequence[Neighbour]) -> int:
     return sum(max(0, int(o.predicted) - o.held) for o in others if o.predicted is not None)
 
 
-def share_for(session: Session, pool: budget.Pool, greedy: int, others: Sequence[Neighbour], at: float) -> Optional[int]:
+def share_for(session: Session, pool: budget.Pool, greedy: int, others: Sequence[Neighbour],
+              at: float) -> Optional[int]:
     """The session's fair share of its pool (budget.fair_share) beside the others, or None when
     it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised
     to the others."""
@@ -289,6 +290,7 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
     (``growth``, GROWTH_AHEAD at their rate) is held back from the batch's budget in a shared
     pool: a job with four growing workers was planned a batch that fit at the time, and the
     workers' growth killed it 8 steps later."""
+    cpus: Optional[float]
     if job is not None and job.cpus:
         cpus = job.cpus / (session.local_world_size or 1)  # the node's ranks share its CPUs
     else:
@@ -330,7 +332,8 @@ def _settling(session: Session) -> bool:
     first), so growth waits for what the planned batch costs."""
     last = session.observations[-1] if session.observations else None
     planned = session.state.batch
-    return last is not None and planned is not None and (last.batch < planned or last.settling and last.batch == planned)
+    return last is not None and planned is not None and (
+        last.batch < planned or last.settling and last.batch == planned)
 
 
 def prior_from_hints(hints: Dict[str, object]) -> Optional[Prior]:

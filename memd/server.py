@@ -4,8 +4,9 @@ Only this module (with zap.py, its CURVE allow-list) and the client touch zmq. I
 reply envelope, maps exceptions to error codes in one place (a handler's Invalid is the
 client's fault, anything else the daemon's: ``internal``, its traceback logged at most once a
 minute per op and error), and never blocks: replies are sent without waiting (a peer that does
-not read its replies loses them, it does not stall the daemon). Messages over the protocol cap get a ``too_large`` reply; messages over four
-times the cap are dropped by libzmq itself (ZMQ_MAXMSGSIZE), which disconnects the sender.
+not read its replies loses them, it does not stall the daemon). Messages over the protocol cap
+get a ``too_large`` reply; messages over four times the cap are dropped by libzmq itself
+(ZMQ_MAXMSGSIZE), which disconnects the sender.
 ZMQ_MAXMSGSIZE caps a frame, not a message, so frames beyond the protocol's (MAX_FRAMES) are
 received without a copy and dropped, never echoed, and each peer's queue holds at most RCVHWM
 messages (docs/protocol.md, "Envelope").
@@ -55,7 +56,7 @@ class Server:
         self.context = zmq.Context(io_threads=1)
         # CURVE never without its allow-list (zap.py): no keys given admits nobody, not everybody.
         self.zap = Gate(self.context, client_keys or frozenset()) if curve_secret_key is not None else None
-        self.sock: Optional[zmq.Socket] = None
+        self.sock: Optional[zmq.SyncSocket] = None
         self._ipc_path: Optional[str] = None
         self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
         self._trim_at = 0.0  # monotonic time before which it is not trimmed again
@@ -70,6 +71,7 @@ class Server:
         if self.zap is not None:
             if self.zap.sock is None:
                 self.zap.bind()  # first: a handshake before it would go unchecked
+            assert self.curve_secret_key is not None  # the gate is made only with a key
             sock.curve_secretkey = self.curve_secret_key
             sock.curve_publickey = zmq.curve_public(self.curve_secret_key)
             sock.curve_server = True
@@ -100,7 +102,8 @@ class Server:
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
         except OSError as exc:
-            raise ConfigError("cannot create socket directory %s: %s (--endpoint)" % (directory, exc.strerror)) from None
+            raise ConfigError("cannot create socket directory %s: %s (--endpoint)"
+                              % (directory, exc.strerror)) from None
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -118,7 +121,7 @@ class Server:
         assert self.sock is not None
         if self._dropped_bytes >= TRIM_AFTER:
             self._trim()
-        if not self._poller.poll(timeout * 1000):
+        if not self._poller.poll(int(timeout * 1000)):
             return 0
         if self.zap is not None:
             self.zap.serve()  # handshakes waiting for the allow-list's word
@@ -132,7 +135,7 @@ class Server:
                 break
             handled += 1
             self._handle(frames, dropped)
-            if not self.sock.getsockopt(_EVENTS) & _POLLIN:
+            if not self.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq: int | bytes; EVENTS is an int
                 break
         return handled
 
@@ -161,6 +164,7 @@ class Server:
         return frames, dropped
 
     def _handle(self, frames: List[bytes], dropped: int = 0) -> None:
+        assert self.sock is not None  # bound: called from poll()
         start = time.perf_counter()
         if len(frames) < 2:
             return  # cannot happen on a ROUTER; nothing to route a reply to
@@ -195,8 +199,8 @@ class Server:
                 request_id = None
                 raise _Error(protocol.BAD_REQUEST, "id must be an integer")
             if request.get("v") != protocol.VERSION:
-                raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon speaks %d)"
-                             % (request.get("v"), protocol.VERSION))
+                raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon "
+                             "speaks %d)" % (request.get("v"), protocol.VERSION))
             name = request.get("op")
             if not isinstance(name, str):
                 raise Invalid("op is required" if name is None else "op must be a string, not %s" % type(name).__name__)

@@ -113,8 +113,8 @@ class StateStore:
     def forget(self, job: str, pool_key: Optional[str] = None) -> List[str]:
         """Drop what was learned for ``job``, in every pool or only ``pool_key`` (a pool key
         without its configuration and owner, planner.identify's "#..." and "@uid:...", names every
-        configuration and owner in that pool); returns the pool keys dropped, sorted. The store is dirty (flush writes it) only
-        if one was."""
+        configuration and owner in that pool); returns the pool keys dropped, sorted. The store is
+        dirty (flush writes it) only if one was."""
         dropped = []
         for key in list(self._jobs):
             name, pool = _split(key)

@@ -95,7 +95,9 @@ class Gate:
         """Answer the requests waiting, without blocking; returns how many."""
         handled = 0
         # EVENTS, not a recv raising Again: the server calls this on every wake-up.
-        while self.sock is not None and handled < BATCH and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        # pyzmq types every option's value int | bytes; EVENTS is an int.
+        while self.sock is not None and handled < BATCH and \
+                self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:  # type: ignore[arg-type, operator]
             frames = self.sock.recv_multipart(zmq.NOBLOCK)
             reply, refusal = answer(frames, self.allowed)
             self.sock.send_multipart(reply)  # a REP socket must answer before it reads again

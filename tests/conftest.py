@@ -1,8 +1,9 @@
 import pytest
 
 from realdaemon import Daemon
-from tests.fakenvml.fixtures import (  # noqa: F401  (fixtures: see tests/fakenvml/fixtures.py)
-    fake_nvml, fake_nvml_inprocess, fake_nvml_lib, fake_nvml_preloaded)
+
+# Fixtures, used by name (tests/fakenvml/fixtures.py):
+from tests.fakenvml.fixtures import fake_nvml, fake_nvml_inprocess, fake_nvml_lib, fake_nvml_preloaded  # noqa: F401
 
 
 @pytest.fixture

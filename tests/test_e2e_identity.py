@@ -19,7 +19,8 @@ GiB = 2 ** 30
 MB = 10 ** 6
 
 # The job: its first plan, then (to learn) a warm-up step and steps at two batch sizes, 200 MB
-# + 10 MB a sample (reported: 3.2 GB at 300 as if it ran in a larger pool), waiting until the daemon has them all; bye on close.
+# + 10 MB a sample (reported: 3.2 GB at 300 as if it ran in a larger pool), waiting until the
+# daemon has them all; bye on close.
 JOB = r"""
 import json, os, sys, time
 from memd import client

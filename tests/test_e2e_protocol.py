@@ -42,8 +42,10 @@ def assert_alive(exchange):
     (msgpack.packb({"v": 1, "id": 7}), protocol.INVALID),  # no op
     (msgpack.packb({"v": 1, "op": "hello", "id": 7}), protocol.INVALID),  # no job, pid, host
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": "1", "host": "h"}), protocol.INVALID),
-    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}), protocol.INVALID),
-    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "hints": [1]}), protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}),
+     protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "hints": [1]}),
+     protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 8,
                     "target_effective_batch": 4}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "plan", "id": 7, "token": "forged"}), protocol.UNKNOWN_SESSION),
@@ -174,9 +176,11 @@ def test_out_of_range_hello_fields_are_refused_at_once(raw, fields, name):
 
 
 def test_out_of_range_report_fields_are_refused(raw):
-    token = raw(request("hello", job="ranges", pid=1, host="elsewhere", target_effective_batch=2 ** 31 - 1))["result"]["token"]
+    hello = raw(request("hello", job="ranges", pid=1, host="elsewhere", target_effective_batch=2 ** 31 - 1))
+    token = hello["result"]["token"]
     for fields, name in (({"batch_size": HUGE}, "batch_size"), ({"batch_size": 8, "peak_bytes": HUGE}, "peak_bytes"),
-                         ({"batch_size": 8, "batch_bytes": 2 ** 51}, "batch_bytes"), ({"batch_size": 8, "step": HUGE}, "step"),
+                         ({"batch_size": 8, "batch_bytes": 2 ** 51}, "batch_bytes"),
+                         ({"batch_size": 8, "step": HUGE}, "step"),
                          ({"batch_size": 8, "step_seconds": float("nan")}, "step_seconds"),
                          ({"batch_size": 8, "step_seconds": float("inf")}, "step_seconds"),
                          ({"batch_size": 8, "peak_bytes": float("nan")}, "peak_bytes")):

@@ -31,7 +31,8 @@ def test_unified_per_sample_grows_with_resolution_squared_and_caps_apply():
     r = est.unified(512, "sd1", 512)  # plenty of memory: the caps decide
     assert (r.batch_size, r.initial_batch_size) == (32, 16)
     assert est.unified(120, "flux", 1024, ema=True, full_finetune=True).ema_gb == 24
-    assert est.unified(120, "flux", 1024, diff_output_preservation=True, quantization="4bit").reserved_gb == 6 + 12 + 3 + 8
+    assert est.unified(120, "flux", 1024, diff_output_preservation=True,
+                       quantization="4bit").reserved_gb == 6 + 12 + 3 + 8
 
 
 def test_discrete_initial_batch_rule():
@@ -100,7 +101,8 @@ def test_llm_zero_stages_partition_in_order():
 def test_llm_lora_trains_only_adapters():
     r = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, overhead_bytes=0, margin_bytes=0)
     assert r.fixed_bytes == pytest.approx(7e9 * 2 + 20e6 * 16)
-    q = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, base_quantization="4bit", overhead_bytes=0, margin_bytes=0)
+    q = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, base_quantization="4bit", overhead_bytes=0,
+                margin_bytes=0)
     assert q.fixed_bytes == pytest.approx(7e9 * 0.5 + 20e6 * 16)
 
 
@@ -134,7 +136,8 @@ def test_gpt2_parameter_count_equals_torch_numel():
         wte = nn.Embedding(V, h)
         head = nn.Linear(h, V, bias=False)
         head.weight = wte.weight
-        model = nn.ModuleList([wte, nn.Embedding(P, h), nn.ModuleList(block(h) for _ in range(L)), nn.LayerNorm(h), head])
+        model = nn.ModuleList([wte, nn.Embedding(P, h), nn.ModuleList(block(h) for _ in range(L)), nn.LayerNorm(h),
+                               head])
         assert sum(p.numel() for p in model.parameters()) == est.gpt2_params(L, h, V, P)
 
 
@@ -231,7 +234,8 @@ def test_cli_unified_examples():
 
 
 def test_cli_accum_examples():
-    for args in (["--gpu-gb", "24", "--images-per-sample", "2", "--target", "16"], ["--max-batch", "14", "--target", "16"]):
+    for args in (["--gpu-gb", "24", "--images-per-sample", "2", "--target", "16"],
+                 ["--max-batch", "14", "--target", "16"]):
         data = _json(["accum"] + args)
         assert (data["batch_size"], data["grad_accum_steps"], data["effective_batch_size"]) == (8, 2, 16)
     data = _json(["accum", "--max-batch", "5", "--target", "16", "--min-batch", "5"])
@@ -264,7 +268,8 @@ def test_cli_transformer_and_llm():
     ["accum", "--target", "16"],
     ["llm", "--params", "8B", "--optimizer", "rmsprop"],
     ["llm", "--params", "eight"],
-    ["transformer", "--layers", "2", "--d-model", "100", "--heads", "3", "--vocab", "10", "--seq-len", "8", "--batch", "1"],
+    ["transformer", "--layers", "2", "--d-model", "100", "--heads", "3", "--vocab", "10", "--seq-len", "8",
+     "--batch", "1"],
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args):
     out = run_memd(["estimate"] + args)
@@ -289,7 +294,8 @@ def test_more_trainable_parameters_than_the_model_has_is_an_error():
     """`estimate llm --lora-params 9B --params 8B` printed a table; LoRA trains part of a model."""
     from memd.policy.estimate import EstimateError, llm
 
-    with pytest.raises(EstimateError, match=r"trainable parameters \(9.00B\) cannot exceed the model's parameters \(8.00B\)"):
+    with pytest.raises(EstimateError,
+                       match=r"trainable parameters \(9.00B\) cannot exceed the model's parameters \(8.00B\)"):
         llm(8e9, trainable_params=9e9)
     assert llm(8e9, trainable_params=20e6).params == 8e9
     out = run_memd(["estimate", "llm", "--lora-params", "9B", "--params", "8B"])

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 NOISE = 0.02  # assumed relative noise of one peak report before the job shows its own
 Z = 2.0  # standard errors of the fitted line added to the prediction
@@ -116,7 +116,7 @@ class Curve:
 LARGEST = 1 << 20  # no batch is larger
 
 
-def largest(ok) -> int:
+def largest(ok: Callable[[int], bool]) -> int:
     """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails)."""
     if not ok(1):
         return 0
@@ -210,7 +210,7 @@ def _without_isolated_spike(peaks: List[int]) -> List[int]:
     return kept if len(kept) >= len(peaks) - allowed else peaks
 
 
-def _without_spiked_batch(points, noise: float = NOISE):
+def _without_spiked_batch(points: List[Point], noise: float = NOISE) -> List[Point]:
     """Drop one batch size whose only report stands far above the line the others draw.
 
     A lone report cannot be checked against its own batch size; against four or more others it
@@ -242,7 +242,7 @@ def _without_spiked_batch(points, noise: float = NOISE):
     return points if worst is None else points[:worst] + points[worst + 1:]
 
 
-def _ols(xs, ys):
+def _ols(xs: Sequence[float], ys: Sequence[float]) -> Optional[Tuple[float, float]]:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -309,7 +309,10 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
     confidence = slope / (slope + Z * se) if slope + Z * se > 0 else 1.0  # 1 when the data pin the slope down
-    middle = lambda x: my + slope * (x - mx)  # noqa: E731
+
+    def middle(x: float) -> float:
+        return my + slope * (x - mx)
+
     # Headroom of one step over the middle line: the ``high`` quantile of the reports' excess
     # (the 90th, ignoring rare spikes, where an overshoot can be caught; the highest where it
     # kills), and never less than the spread assumed (assumed_spread). Measured where planning

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 import zmq
 
@@ -76,6 +76,8 @@ class Session:
     MEMD_CLIENT_KEY_FILE; docs/deploy.md). A refused key looks like an absent daemon: fallback.
     """
 
+    _ceiling: Optional[int]  # the batch a local out-of-memory error backed off to; set in _reset
+
     def __init__(
         self,
         job: Optional[str] = None,
@@ -99,16 +101,16 @@ class Session:
             raise ValueError("timeout must be a positive number of seconds, not %r" % (timeout,))
         self._timeout_ms = max(1, int(self.timeout * 1000))
         self.min_batch = _count(min_batch, "min_batch")
-        self.max_batch = _count(max_batch, "max_batch", optional=True)
-        self.default_batch = _count(default_batch, "default_batch", optional=True)
-        self.target_effective_batch = _count(target_effective_batch, "target_effective_batch", optional=True)
+        self.max_batch = _optional_count(max_batch, "max_batch")
+        self.default_batch = _optional_count(default_batch, "default_batch")
+        self.target_effective_batch = _optional_count(target_effective_batch, "target_effective_batch")
         if self.max_batch is not None and self.max_batch < self.min_batch:
             raise ValueError("max_batch (%d) is below min_batch (%d)" % (self.max_batch, self.min_batch))
         if self.target_effective_batch is not None and self.target_effective_batch < self.min_batch:
             raise ValueError("target_effective_batch (%d) is below min_batch (%d)"
                              % (self.target_effective_batch, self.min_batch))
         self.device = device
-        self._warned: set = set()  # what this session already warned about: once is enough
+        self._warned: Set[object] = set()  # what this session already warned about: once is enough
         if num_workers is not None:  # the workers the job would like: memory and pressure only cut from there
             hints = dict(hints or {}, num_workers=_count(num_workers, "num_workers", allow_zero=True))
         self.hints = _clean_hints(hints, self._warned)
@@ -158,6 +160,8 @@ class Session:
         if self._plan is not None and time.monotonic() < self._plan_expires:
             return self._plan  # hello (or a drained reply) just brought one
         self._accept(self._call("plan", deadline, token=self._token))
+        if self._plan is None:  # a reply that carried no plan, and none before it
+            raise _Unavailable("the daemon's reply carried no plan")
         return self._plan
 
     def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,
@@ -233,7 +237,8 @@ class Session:
                     except zmq.ZMQError:
                         pass  # queue full or daemon gone: it expires the session by itself
                 # destroy() closes the socket even when the send failed: term() alone would wait forever.
-                self._ctx.destroy(linger=int(self.timeout * 1000))
+                if self._ctx is not None:  # always, beside a socket
+                    self._ctx.destroy(linger=int(self.timeout * 1000))
             self._reset()
         finally:
             self._lock.release()
@@ -244,7 +249,7 @@ class Session:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Callable[[Optional[str], Dict[str, Any]], Session], Tuple[Any, ...]]:
         # A Session sent to a spawned worker arrives as a fresh, unconnected copy.
         kwargs = dict(endpoint=self.endpoint, timeout=self.timeout, min_batch=self.min_batch,
                       max_batch=self.max_batch, default_batch=self.default_batch,
@@ -256,8 +261,8 @@ class Session:
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._ctx: Optional[zmq.Context] = None
-        self._sock: Optional[zmq.Socket] = None
+        self._ctx: Optional[zmq.SyncContext] = None
+        self._sock: Optional[zmq.SyncSocket] = None
         self._rcvtimeo = 0
         self._fresh_socket = False
         self._token: Optional[str] = None
@@ -269,8 +274,8 @@ class Session:
         self._retry_at = 0.0
         self._backoff = _BACKOFF_FIRST
         self._ids = 0
-        self._ceiling: Optional[int] = None
-        self._pending: Deque = collections.deque(maxlen=_PENDING_REPORTS)
+        self._ceiling = None
+        self._pending: Deque[Tuple[str, Dict[str, Any]]] = collections.deque(maxlen=_PENDING_REPORTS)
         self._suggested: Optional[int] = None  # suggest_batch's last batch, not yet reported
         self._last_suggested: Optional[int] = None  # suggest_batch's last answer
         self._trimmer = StepTrimmer(limit=self.timeout)
@@ -283,7 +288,7 @@ class Session:
         self._ids = (self._ids + 1) & 0x7FFFFFFF
         return self._ids
 
-    def _socket(self) -> zmq.Socket:
+    def _socket(self) -> zmq.SyncSocket:
         if self._sock is None:
             why = protocol.stranger(self.endpoint)
             if why:
@@ -363,16 +368,19 @@ class Session:
             if reply.get("id") != request_id:
                 self._absorb(reply)
                 continue
-            if reply.get("ok") is True and isinstance(reply.get("result"), dict):
+            result = reply.get("result")
+            if reply.get("ok") is True and isinstance(result, dict):
                 self._backoff = _BACKOFF_FIRST
-                return reply["result"]
-            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+                return result
+            error = reply.get("error")
+            if not isinstance(error, dict):
+                error = {}
             code = str(error.get("code", "bad_reply"))
             if code == protocol.UNKNOWN_SESSION:
                 self._token = None  # the daemon restarted or expired us: hello again
             raise _Refused(code, str(error.get("message", ""))[:200])
 
-    def _send(self, sock: zmq.Socket, message: Dict[str, Any], deadline: float) -> None:
+    def _send(self, sock: zmq.SyncSocket, message: Dict[str, Any], deadline: float) -> None:
         data = protocol.encode(message)
         try:
             sock.send(data, _NOBLOCK)
@@ -384,7 +392,7 @@ class Session:
         if self._fresh_socket:
             self._fresh_socket = False
             remaining = deadline - time.monotonic()
-            if remaining > 0 and sock.poll(remaining * 1000, zmq.POLLOUT):
+            if remaining > 0 and sock.poll(int(remaining * 1000), zmq.POLLOUT):
                 try:
                     sock.send(data, zmq.NOBLOCK)
                     return
@@ -392,7 +400,7 @@ class Session:
                     pass
         raise _Unavailable("daemon not connected at %s%s" % (self.endpoint, "; " + curve.HINT if self._curve else ""))
 
-    def _receive(self, sock: zmq.Socket) -> None:
+    def _receive(self, sock: zmq.SyncSocket) -> None:
         """Read one waiting reply, if any, and absorb what it teaches."""
         try:
             reply = _decoded(sock.recv(_NOBLOCK))
@@ -418,7 +426,8 @@ class Session:
         if sock is None:
             return
         for _ in range(256):
-            if not sock.getsockopt(_EVENTS) & _POLLIN:  # cheaper than poll(0) on the hot path
+            # pyzmq types every option int | bytes; EVENTS is an int. Cheaper than poll(0) on the hot path.
+            if not sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
                 return
             self._receive(sock)
 
@@ -429,8 +438,9 @@ class Session:
         if "plan" not in result:
             return
         asked = self.hints.get("num_workers")
+        workers = asked if isinstance(asked, int) else max(1, usable_cpus() or 1)
         plan = within_limits(Plan.from_wire(result["plan"], source="daemon"), self.min_batch, self.max_batch,
-                             self.target_effective_batch, asked if isinstance(asked, int) else max(1, usable_cpus() or 1))
+                             self.target_effective_batch, workers)
         self._plan = plan
         if not late:
             self._plan_expires = time.monotonic() + plan.fresh_for
@@ -454,6 +464,8 @@ class Session:
 
     def _try_send(self, op: str, fields: Dict[str, Any]) -> bool:
         try:
+            if self._sock is None:
+                return False
             message = protocol.request(op, self._next_id(), token=self._token, **fields)
             self._sock.send(protocol.encode(message), _NOBLOCK)
             return True
@@ -508,7 +520,8 @@ def _rebuild(job: Optional[str], kwargs: Dict[str, Any]) -> Session:
     return Session(job, **kwargs)
 
 
-def _curve_keys(server_key: Optional[str], client_key_file: Optional[str], warned: set):
+def _curve_keys(server_key: Optional[str], client_key_file: Optional[str],
+                warned: Set[object]) -> Tuple[Optional[curve.ClientKeys], Optional[str]]:
     """(CURVE keys or None, why the environment's keys cannot be used or None). Keys passed as
     arguments are the caller's own: a bad one raises ValueError here, before training starts.
     Keys from the environment (MEMD_SERVER_KEY, MEMD_CLIENT_KEY_FILE) may be one node's slip:
@@ -532,9 +545,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = False) -> Optional[int]:
-    if value is None and optional:
-        return None
+def _optional_count(value: Any, name: str) -> Optional[int]:
+    return None if value is None else _count(value, name)
+
+
+def _count(value: Any, name: str, allow_zero: bool = False) -> int:
     try:
         number = operator.index(value) if not isinstance(value, float) else int(value)
     except TypeError:
@@ -549,7 +564,7 @@ def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = Fal
     return number
 
 
-def _wire_number(value: Any, name: str, call: str, warned: set) -> Any:
+def _wire_number(value: Any, name: str, call: str, warned: Set[object]) -> Any:
     """``value`` as the protocol's field ``name`` takes it (an int; a float for step_seconds),
     or None, with a warning once per ``warned`` set, when it is not a finite number in the field's
     range: the training loop that handed it over must not die of it, and the daemon would
@@ -567,18 +582,19 @@ def _wire_number(value: Any, name: str, call: str, warned: set) -> Any:
         if not low <= number <= high:  # False for NaN too
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        _warn_once(warned, (call, name), "memd: %s(%s=%.60r) left out: not a number in [%d, %d]", call, name, value, low, high)
+        _warn_once(warned, (call, name), "memd: %s(%s=%.60r) left out: not a number in [%d, %d]",
+                   call, name, value, low, high)
         return None
     return number
 
 
-def _warn_once(warned: set, key: Any, message: str, *args: Any) -> None:
+def _warn_once(warned: Set[object], key: Any, message: str, *args: Any) -> None:
     if key not in warned and len(warned) < 1024:
         warned.add(key)
         log.warning(message, *args)
 
 
-def _clean_hints(hints: Optional[Dict[str, Any]], warned: set) -> Dict[str, Any]:
+def _clean_hints(hints: Optional[Dict[str, Any]], warned: Set[object]) -> Dict[str, Any]:
     """Keep hints small and plain (str keys, scalar values) so they always fit the wire, and
     within protocol.HINT_RANGES: the daemon would ignore the rest anyway."""
     if not hints:
@@ -607,7 +623,7 @@ def usable_cpus() -> Optional[int]:
     return max(1, cpus // int(ranks)) if ranks.isdigit() and int(ranks) > 0 and cpus else (cpus or None)
 
 
-def _default_job(argv: Optional[list] = None, main: Any = None, orig_argv: Optional[list] = None) -> str:
+def _default_job(argv: Optional[List[str]] = None, main: Any = None, orig_argv: Optional[List[str]] = None) -> str:
     """The name a job's curves are kept under when it gives none: its script's file name
     (``train.py``); under ``python -m`` the module's name (``pkg.train``, a package's
     ``__main__`` named by its package: argv[0] is then the module's full path, not a name);
@@ -726,7 +742,7 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
         return default
 
 
-_suggest_warned: set = set()
+_suggest_warned: Set[object] = set()
 
 
 def _usable_default(default: Any) -> int:
@@ -784,7 +800,7 @@ def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, *, serve
     path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
     if path and not path.startswith("@") and not os.path.exists(path):
         raise DaemonUnavailable("no daemon socket at %s" % path)
-    ctx = zmq.Context.instance()
+    ctx: zmq.SyncContext = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
@@ -795,7 +811,7 @@ def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, *, serve
         sock.send(protocol.encode(protocol.request(op, 1, **fields)))
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(remaining * 1000, zmq.POLLIN):
+            if remaining <= 0 or not sock.poll(int(remaining * 1000), zmq.POLLIN):
                 raise DaemonUnavailable("no daemon answered at %s within %.1f s%s"
                                         % (endpoint, timeout, " (%s)" % curve.HINT if keys else ""))
             try:
@@ -804,9 +820,12 @@ def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, *, serve
                 raise DaemonUnavailable("unreadable reply from %s: %s" % (endpoint, exc)) from None
             if isinstance(reply, dict) and reply.get("id") == 1:
                 break
-        if reply.get("ok") is True and isinstance(reply.get("result"), dict):
-            return reply["result"]
-        error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        result = reply.get("result")
+        if reply.get("ok") is True and isinstance(result, dict):
+            return result
+        error = reply.get("error")
+        if not isinstance(error, dict):
+            error = {}
         raise Refused("%s refused %s: %s" % (endpoint, op, error.get("message", error.get("code", "?"))),
                       str(error.get("code", "?")))
     except zmq.ZMQError as exc:

@@ -31,7 +31,7 @@ class ClientKeys:
     public: bytes
     secret: bytes
 
-    def apply(self, sock: zmq.Socket) -> None:
+    def apply(self, sock: zmq.SyncSocket) -> None:
         """Before ``connect``: the handshake then proves the daemon holds ``server_public``'s
         secret, and the daemon's allow-list decides on ``public``."""
         sock.curve_serverkey = self.server_public
@@ -122,10 +122,10 @@ def _read(path: str, origin: str) -> Dict[str, bytes]:
         raise ValueError("%s %s unreadable: %s" % (origin, path, exc.strerror or exc)) from None
     if _z85(data.strip()) is not None:
         return {"bare": data.strip()}
-    found = {}
+    found: Dict[str, bytes] = {}
     for line in data.splitlines():
-        name, sep, value = line.strip().partition(b"=")
-        name = name.strip().decode("ascii", "replace")
+        raw_name, sep, value = line.strip().partition(b"=")
+        name = raw_name.strip().decode("ascii", "replace")
         if sep and name in ("public-key", "secret-key"):
             key = value.strip(b" \t'\"")
             if _z85(key) is None:

@@ -74,9 +74,10 @@ class Curve:
     # band stays at its narrowest, so the prediction never falls as the batch grows.
     band: Tuple[float, int, float, float] = (0.0, 1, 0.0, 0.0)
     cap: Optional[Tuple[float, float]] = None  # (fixed, per_sample) of a line known to lie above
-    # (batch, per_sample): a line drawn near the largest batch (SPAN) falls, left of the batch
-    # sizes it was drawn through, no faster than the line through all of them.
-    left: Optional[Tuple[int, float]] = None
+    # (batch, fixed, per_sample): a line drawn near the largest batch (SPAN) falls, left of the
+    # batch sizes it was drawn through, no faster than the line through all of them, nor below
+    # it (up to its own value at the first of them).
+    left: Optional[Tuple[int, float, float]] = None
     # An overshoot is a kill (host RAM, unified memory), not a catchable error: a peak seen at a
     # batch, or at a smaller one, is a floor for the prediction there, never forgiven as a spike.
     kills: bool = False
@@ -86,7 +87,12 @@ class Curve:
         wider = zs * math.sqrt(1 / n + (max(0.0, batch - mean) ** 2 / sxx if sxx else 0.0)) if zs else 0.0
         line = self.fixed_bytes + self.per_sample_bytes * batch + wider
         if self.left is not None and batch < self.left[0]:
-            line = max(line, self.line(self.left[0]) - self.left[1] * (self.left[0] - batch))
+            start, fixed, per_sample = self.left
+            at_start = self.line(start)
+            # Falling from the window's first batch at the slope of all the batch sizes can pass
+            # below the reports of the small ones when that slope is steeper than their truth (a
+            # slope 3 % high, 92 samples left: 0.1 % under a batch of one's median report).
+            line = max(line, min(at_start, max(at_start - per_sample * (start - batch), fixed + per_sample * batch)))
         return line if self.cap is None else min(line, self.cap[0] + self.cap[1] * batch)
 
     def peak(self, batch: int) -> float:
@@ -286,7 +292,7 @@ def _near_the_largest(points: List[Point], base: Optional[float], spread: float,
     near = [p for p in points if p.batch * LOCAL >= points[-1].batch]
     if len(near) < 3 or len(near) == len(points) or near[0].batch * SPAN > near[-1].batch:
         return every
-    return replace(_line(near, base, spread, high), left=(near[0].batch, every.per_sample_bytes))
+    return replace(_line(near, base, spread, high), left=(near[0].batch, every.fixed_bytes, every.per_sample_bytes))
 
 
 def _line(points: List[Point], base: Optional[float], spread: float, high: float = HIGH) -> Curve:

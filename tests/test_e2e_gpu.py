@@ -127,11 +127,11 @@ def test_a_base_above_the_reported_peaks_does_not_flatten_the_curve(gpu_memd):
     for batch in (8, 8, 8, 16, 16):  # a warm-up step, then two batch sizes
         memd.call("report", token=token, batch_size=batch, peak_bytes=2 * GiB + batch * GiB // 4, base_bytes=40 * GiB)
 
-    def planned():
+    def planned():  # decided on all five reports, on its GPU (the daemon reads the driver every 0.1 s)
         plan = memd.call("plan", token=token)["plan"]
         found = next(v for v in memd.call("status")["sessions"] if v["job"] == "based")
-        return (found, plan) if found["pool"] == "GPU-22222222-bbbb" and plan["reason"].startswith(
-            "%d fits" % plan["batch_size"]) else None
+        return (found, plan) if found["pool"] == "GPU-22222222-bbbb" and found["reports"] == 5 \
+            and plan["batch_size"] > 16 else None
 
     found = wait_for(planned)
     assert found is not None

@@ -12,7 +12,8 @@ of a given size (bench/memcg.py: v1 here, v2 where mounted), created and removed
   completions decide.
 - each method (bench/trainjob.py's --method) in a fresh process and cgroup, ``--steps`` steps:
   memd through the public client (reports, suggest_batch() alone, the training helpers), against
-  one real `memd serve` started here with its embedded defaults; accelerate's
+  one real `memd serve` started here with its embedded defaults (``report-restart``: the report
+  run again under its job name, a restarted job that starts from what memd learned); accelerate's
   find_executable_batch_size; Lightning's BatchSizeFinder (power, binsearch); the seeds' static
   calculators (`memd estimate unified`, seed 000; `memd estimate transformer`, seed 003, for the
   GPT-style job), run at the batch they print.
@@ -48,6 +49,9 @@ from bench.memcg import MemoryCgroup, available  # noqa: E402
 GiB = 2 ** 30
 JOB = os.path.join(ROOT, "bench", "trainjob.py")
 MEMD_METHODS = ("report", "suggest", "helpers", "loader")
+# memd with reports again, under the job name of the row's "report" run, in the same daemon: the
+# job restarted (a preempted Slurm job, a resumed run), which starts from what its first run taught.
+RESTART = "report-restart"
 PEER_METHODS = ("accelerate", "lightning-power", "lightning-binsearch")
 SETTLED = 0.05  # a run has settled once its batch stays within 5 % of its final batch
 
@@ -307,9 +311,13 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
     for method in methods:
         if method == "loader" and row.shape != "workers":
             continue  # MemdLoader reads the workers shape's dataset; the other shapes feed tensors
-        extra = ["--method", method if method in MEMD_METHODS + PEER_METHODS else "fixed"]
-        if method in MEMD_METHODS:
-            extra += ["--job", "bench-%s-%s-%d" % (row.name, method, os.getpid())]
+        if method == RESTART and not any(r.method == "report" for r in runs):
+            log("  %s needs this row's report run before it (--methods report,%s)" % (RESTART, RESTART))
+            continue
+        like = "report" if method == RESTART else method
+        extra = ["--method", like if like in MEMD_METHODS + PEER_METHODS else "fixed"]
+        if like in MEMD_METHODS:
+            extra += ["--job", "bench-%s-%s-%d" % (row.name, like, os.getpid())]
         if method.startswith("static"):
             batch = static_seed000(row) if method == "static-seed000" else static_seed003(row)
             if batch is None:
@@ -393,7 +401,7 @@ def plot(result: Dict, path: str) -> None:
         if not r["batches"] and not r["trials"]:
             continue
         ys = r["trials"] + r["batches"] if r["method"].startswith(("accelerate", "lightning")) else r["batches"]
-        style = "-" if r["method"] in MEMD_METHODS else ":"
+        style = "-" if r["method"] in MEMD_METHODS + (RESTART,) else ":"
         label = r["method"] + (" (killed)" if r["killed"] else "")
         ax.plot(range(1, len(ys) + 1), ys, style, marker="x" if r["killed"] else None, label=label)
         if r["killed"] and ys:

@@ -1,6 +1,7 @@
-"""memd's command line: serve | status | curves | forget | sample | estimate | doctor | top.
+"""memd's command line: serve | status | curves | forget | sample | estimate | doctor | top | keygen.
 
-Every command that talks to a daemon takes --endpoint (default: as the client picks it).
+Every command that talks to a daemon takes --endpoint (default: as the client picks it),
+--timeout, and for a CURVE daemon --server-key and --client-key (cli_call.py).
 Errors end with one line on stderr and a non-zero exit code, never a traceback: 1 when no
 daemon answers, 2 for bad input or configuration.
 """
@@ -12,8 +13,8 @@ import os
 import sys
 from typing import List, Optional
 
-from memd import cli_curves, cli_estimate
-from memd.client import DaemonUnavailable, call, protocol
+from memd import cli_call, cli_curves, cli_estimate
+from memd.client import DaemonUnavailable
 from memd.config import ConfigError
 from memd.core import VERSION
 
@@ -54,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the daemon in the foreground")
     serve.add_argument("--config", metavar="FILE", help="TOML configuration file (optional; defaults are embedded)")
     serve.add_argument("--endpoint", metavar="E", help="control endpoint, ipc://PATH or tcp://127.0.0.1:PORT")
-    serve.add_argument("--metrics-address", metavar="A", help="HOST:PORT for /metrics, or 'off' (default 127.0.0.1:9463)")
+    serve.add_argument("--metrics-address", metavar="A",
+                       help="HOST:PORT for /metrics, or 'off' (default 127.0.0.1:9463)")
     serve.add_argument("--interval", metavar="S", type=str, help="seconds between samples (default 0.2)")
     serve.add_argument("--state-dir", metavar="D", help="where learned memory curves are kept")
     serve.set_defaults(run=_serve)
@@ -83,13 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     top.set_defaults(run=_top)
 
     cli_estimate.add_parser(sub)
+    cli_call.add_keygen(sub)
     return parser
 
 
-def _endpoint_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", metavar="E", help="daemon endpoint (default: as the client picks it)")
-    parser.add_argument("--timeout", metavar="S", type=_positive_seconds, default=2.0,
-                        help="seconds to wait for the daemon (> 0)")
+_endpoint_args = cli_call.add_args
 
 
 def _exists(pid: int) -> bool:
@@ -102,17 +102,6 @@ def _exists(pid: int) -> bool:
     except PermissionError:
         return True  # another user's
     return True
-
-
-def _positive_seconds(text: str) -> float:
-    """--timeout: a number of seconds above 0 (argparse names the flag when this refuses)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a number of seconds" % text) from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError("%s is not between 0 (excluded) and 3600 seconds" % text)
-    return value
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -128,9 +117,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    endpoint = args.endpoint or protocol.default_endpoint()
     try:
-        result = call("status", endpoint=endpoint, timeout=args.timeout)
+        result = cli_call.call("status", args)
     except DaemonUnavailable as exc:
         print("memd: %s (is `memd serve` running? --endpoint picks another)" % exc, file=sys.stderr)
         return 1
@@ -177,8 +165,9 @@ def _sample(args: argparse.Namespace) -> int:
         print("\nprocesses of %d:" % args.pid)
         print("  %7s %7s %-16s %9s %9s %9s %9s" % ("pid", "ppid", "name", "rss MiB", "pss MiB", "uss MiB", "gpu MiB"))
         for p in data["processes"]:
-            print("  %7d %7d %-16s %9s %9s %9s %9s" % (p["pid"], p["ppid"], p["name"][:16], _mib(p["rss_bytes"]),
-                                                       _mib(p["pss_bytes"]), _mib(p["uss_bytes"]), _mib(p["gpu_bytes"])))
+            print("  %7d %7d %-16s %9s %9s %9s %9s" % (
+                p["pid"], p["ppid"], p["name"][:16], _mib(p["rss_bytes"]), _mib(p["pss_bytes"]), _mib(p["uss_bytes"]),
+                _mib(p["gpu_bytes"])))
     for error in data["errors"]:
         print("  ! %s: %s" % (error["source"], error["message"]))
     return 0
@@ -187,11 +176,11 @@ def _sample(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from memd.sampling.capabilities import Capability, check_all
 
-    endpoint = args.endpoint or protocol.default_endpoint()
+    endpoint = cli_call.endpoint(args)
     path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
     found = check_all(socket_path=path)
     try:
-        pong = call("ping", endpoint=endpoint, timeout=args.timeout)
+        pong = cli_call.call("ping", args)
         found.append(Capability("daemon", True, "memd %s answers at %s (up %.0f s)" % (
             pong.get("version"), endpoint, pong.get("uptime_seconds", 0))))
     except DaemonUnavailable as exc:
@@ -210,8 +199,7 @@ def _top(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("memd: --interval must be positive", file=sys.stderr)
         return 2
-    endpoint = args.endpoint or protocol.default_endpoint()
-    return top.run(lambda: call("status", endpoint=endpoint, timeout=args.timeout), interval=args.interval,
+    return top.run(lambda: cli_call.call("status", args), interval=args.interval,
                    once=args.once, unavailable=DaemonUnavailable)
 
 

@@ -1,5 +1,5 @@
 """`memd curves` and `memd forget`: what the daemon remembers for the jobs' next runs, and
-how to make it forget some of it. Both talk to the running daemon (--endpoint, --timeout).
+how to make it forget some of it. Both talk to the running daemon (cli_call.py's flags).
 
 Exit codes as every memd command: 1 when no daemon answers, 2 for a request it refused as bad
 input; `memd forget` also exits 1 when nothing matched (grep's "not found"), and when the
@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import pwd
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from memd.client import DaemonUnavailable, Refused, call, protocol
+from memd import cli_call
+from memd.client import DaemonUnavailable, Refused, protocol
 from memd.sessions import CLEAN_RUNS
 
 GiB = 2 ** 30
@@ -60,15 +62,28 @@ def render(curves: List[Dict[str, Any]]) -> str:
     points at one batch as their range and count), within WIDTH columns."""
     if not curves:
         return "memd remembers no curves yet\n"
-    lines = ["memd remembers %d curve%s (`memd forget JOB` drops a job's)" % (len(curves), "" if len(curves) == 1 else "s")]
+    lines = ["memd remembers %d curve%s (`memd forget JOB` drops a job's)"
+             % (len(curves), "" if len(curves) == 1 else "s")]
     for c in curves:
         ceiling = c.get("ceiling")
         lines += ["", c["job"],
                   _field("pool", c["pool"]),
+                  _field("owner", _owner(c.get("owner"))),
                   _field("updated", time.strftime("%Y-%m-%d %H:%M", time.localtime(c["updated"]))),
                   _field("ceiling", "none" if ceiling is None else _ceiling(ceiling, c.get("clean_runs") or 0))]
         lines += _wrapped("peak GiB", "at batch", _by_batch(c.get("points") or [])) or [_field("peak GiB", "no points")]
     return "\n".join(lines) + "\n"
+
+
+def _owner(owner: Optional[str]) -> str:
+    """"uid:1000" as the user's name where this machine knows it."""
+    if owner is None:
+        return "unknown (kept before curves had owners)"
+    uid = owner.partition(":")[2]
+    try:
+        return "%s (%s)" % (pwd.getpwuid(int(uid)).pw_name, owner)
+    except (KeyError, ValueError):
+        return owner
 
 
 def _ceiling(ceiling: int, clean_runs: int) -> str:
@@ -84,7 +99,10 @@ def _by_batch(points: List[List[int]]) -> List[str]:
     items = []
     for batch in sorted(peaks):
         low, high, n = min(peaks[batch]), max(peaks[batch]), len(peaks[batch])
-        text = "%d: %s" % (batch, _gib(low)) if _gib(low) == _gib(high) else "%d: %s-%s" % (batch, _gib(low), _gib(high))
+        if _gib(low) == _gib(high):
+            text = "%d: %s" % (batch, _gib(low))
+        else:
+            text = "%d: %s-%s" % (batch, _gib(low), _gib(high))
         items.append(text + (" (%d steps)" % n if n > 1 else ""))
     return items
 
@@ -113,10 +131,8 @@ def _gib(value: int) -> str:
 
 
 def _curves(args: argparse.Namespace) -> int:
-    endpoint = args.endpoint or protocol.default_endpoint()
-
     def ask(after):
-        return call("curves", endpoint=endpoint, timeout=args.timeout, **({} if after is None else {"after": after}))
+        return cli_call.call("curves", args, **({} if after is None else {"after": after}))
 
     try:
         curves = fetch(ask)
@@ -130,10 +146,9 @@ def _curves(args: argparse.Namespace) -> int:
 
 
 def _forget(args: argparse.Namespace) -> int:
-    endpoint = args.endpoint or protocol.default_endpoint()
     fields = {"job": args.job} if args.pool is None else {"job": args.job, "pool": args.pool}
     try:
-        result = call("forget", endpoint=endpoint, timeout=args.timeout, **fields)
+        result = cli_call.call("forget", args, **fields)
     except DaemonUnavailable as exc:
         return _unavailable(exc)
     where = "job %s" % args.job if args.pool is None else "job %s in pool %s" % (args.job, args.pool)
@@ -143,7 +158,8 @@ def _forget(args: argparse.Namespace) -> int:
         return 1
     line = "forgot %d curve%s of %s" % (forgotten, "" if forgotten == 1 else "s", where)
     if sessions:
-        line += "; %d live session%s of it will keep nothing learned before now" % (sessions, "" if sessions == 1 else "s")
+        line += "; %d live session%s of it will keep nothing learned before now" % (
+            sessions, "" if sessions == 1 else "s")
     print(line)
     if result.get("saved") is False:
         print("memd: but the daemon could not write its state file (its log says why); it retries at its next "

@@ -32,17 +32,18 @@ def _count(text: str) -> float:
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("estimate", help="a-priori memory estimates (the seeds' calculators, done right)")
+    parser = subparsers.add_parser("estimate", help="a-priori memory estimates, before a job has run")
     parser.error = _Parser.error.__get__(parser)
     sub = parser.add_subparsers(dest="estimator", metavar="ESTIMATOR", parser_class=_Parser)
     parser.set_defaults(run=lambda args: _usage(parser))
 
-    p = sub.add_parser("unified", help="unified-memory batch size for image models (seed 000)")
+    p = sub.add_parser("unified", help="unified-memory batch size for image models (the AI Toolkit calculator's rules)")
     p.add_argument("--memory-gb", type=float, required=True, help="the pool: unified memory (or VRAM with --discrete)")
     p.add_argument("--model", required=True, help="architecture: " + ", ".join(est.ARCH_WEIGHTS_GB))
     p.add_argument("--resolution", type=int, required=True, help="training resolution in pixels (square)")
     p.add_argument("--workers", type=int, default=0, help="dataloader workers (default 0)")
-    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB, help="GB per worker (default 8; ~4 for small models)")
+    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB,
+                   help="GB per worker (default 8; ~4 for small models)")
     p.add_argument("--os-reserve-gb", type=float, default=est.OS_RESERVE_GB, help="kept for the OS (default 8)")
     p.add_argument("--quantization", default="none", help="none, 8bit or 4bit base model")
     p.add_argument("--optimizer", default="adamw", help="adamw, lamb, adafactor or sgd")
@@ -51,12 +52,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dop", "--diff-output-preservation", dest="dop", action="store_true",
                    help="differential output preservation (+3 GB)")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing (-30%% per sample)")
-    p.add_argument("--discrete", action="store_true", help="a discrete GPU: seed 000's initial-batch rule only")
+    p.add_argument("--discrete", action="store_true", help="a discrete GPU: the initial-batch rule only")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_unified)
 
-    p = sub.add_parser("accum", help="batch size and gradient accumulation for a target effective batch (seed 001)")
-    p.add_argument("--gpu-gb", type=float, help="GPU memory, sized by seed 001's rule")
+    p = sub.add_parser("accum", help="batch size and gradient accumulation for a target effective batch")
+    p.add_argument("--gpu-gb", type=float,
+                   help="GPU memory in GB: the largest batch is GPU GB / (sample GB x (1 + 0.7 per extra image))")
     p.add_argument("--max-batch", type=int, help="a known largest batch instead of --gpu-gb")
     p.add_argument("--images-per-sample", type=int, default=1, help="images per sample (+70%% memory each)")
     p.add_argument("--sample-gb", type=float, default=0.8, help="GB per one-image sample (default 0.8)")
@@ -65,7 +67,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_accum)
 
-    p = sub.add_parser("llm", help="fixed and per-sample memory of LLM training, largest batch (seed 002, corrected)")
+    p = sub.add_parser("llm", help="fixed and per-sample memory of LLM training, largest batch")
     p.add_argument("--params", type=_count, required=True, help="parameters, e.g. 8.03B")
     p.add_argument("--optimizer", default="adamw", help=", ".join(est.OPTIMIZER_STATES))
     p.add_argument("--precision", default="mixed", help="fp32, mixed (16-bit compute, fp32 master), bf16, fp16")
@@ -82,7 +84,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_llm)
 
-    p = sub.add_parser("transformer", help="GPT-style parameters and peak training memory (seed 003, rebuilt)")
+    p = sub.add_parser("transformer", help="GPT-style parameters and peak training memory")
     _arch_args(p, required=True)
     p.add_argument("--batch", type=int, required=True, help="batch size")
     p.add_argument("--precision", default="fp32", help="fp32, mixed (bf16 autocast), bf16 or fp16")
@@ -114,12 +116,13 @@ def _fail(args: argparse.Namespace, exc: Exception) -> int:
     return 2
 
 
-def _emit(args: argparse.Namespace, data: dict, lines) -> int:
+def _emit(args: argparse.Namespace, data: dict, lines, fits: bool = True) -> int:
+    """Print the estimate; exit 1 when what was asked does not fit (a script tests the code)."""
     if args.json:
         print(json.dumps(data, indent=2))
     else:
         print("\n".join(lines))
-    return 0
+    return 0 if fits else 1
 
 
 def _unified(args: argparse.Namespace) -> int:
@@ -128,7 +131,7 @@ def _unified(args: argparse.Namespace) -> int:
             batch = est.discrete_initial_batch(args.memory_gb, args.resolution)
             data = {"memory_model": "discrete", "memory_gb": args.memory_gb, "resolution": args.resolution,
                     "batch_size": batch}
-            return _emit(args, data, ["discrete GPU, %g GB VRAM, %d px: initial batch %d (seed 000's rule)"
+            return _emit(args, data, ["discrete GPU, %g GB VRAM, %d px: initial batch %d"
                                       % (args.memory_gb, args.resolution, batch)])
         r = est.unified(args.memory_gb, args.model, args.resolution, args.workers, args.ema, args.quantization,
                         args.optimizer, args.full_finetune, args.dop, args.checkpointing, args.worker_gb,
@@ -148,7 +151,7 @@ def _unified(args: argparse.Namespace) -> int:
               "  %-28s %8d" % ("fitting batch", r.fitting_batch),
               "batch size %d (start at %d)%s" % (r.batch_size, r.initial_batch_size,
                                                  "" if r.fits else ": NOT ENOUGH MEMORY for one sample")]
-    return _emit(args, data, lines)
+    return _emit(args, data, lines, fits=r.fits)
 
 
 def _accum(args: argparse.Namespace) -> int:
@@ -160,7 +163,10 @@ def _accum(args: argparse.Namespace) -> int:
         r = est.accum(limit, args.target, args.min_batch)
     except est.EstimateError as exc:
         return _fail(args, exc)
-    data = asdict(r)
+    data = dict(asdict(r), fits=args.min_batch <= r.max_batch)
+    if not data["fits"]:
+        why = "--min-batch %d does not fit: the largest batch is %d" % (args.min_batch, r.max_batch)
+        return _emit(args, data, [why], fits=False)
     line = "largest batch %d -> batch %d x %d accumulation steps = effective %d" % (
         r.max_batch, r.batch_size, r.grad_accum_steps, r.effective_batch_size)
     return _emit(args, data, [line] + (["note: " + r.note] if r.note else []))
@@ -199,7 +205,11 @@ def _llm(args: argparse.Namespace) -> int:
     if r.max_batch is not None:
         lines.append("largest batch on %g GB: %d%s" % (args.gpu_gb, r.max_batch,
                                                       "" if r.max_batch else " (the fixed memory alone does not fit)"))
-    return _emit(args, data, lines)
+        return _emit(args, data, lines, fits=r.max_batch > 0)
+    fits = args.gpu_gb is None or r.fixed_bytes <= args.gpu_gb * GB
+    if not fits:
+        lines.append("the fixed memory alone does not fit in %g GB" % args.gpu_gb)
+    return _emit(args, data, lines, fits=fits)
 
 
 def _transformer(args: argparse.Namespace) -> int:
@@ -207,9 +217,10 @@ def _transformer(args: argparse.Namespace) -> int:
                   positions=args.positions or args.seq_len, seq_len=args.seq_len, batch=args.batch,
                   optimizer=args.optimizer, checkpointing=args.checkpointing, attention=args.attention,
                   tied=not args.untied, device=args.device)
+    shown = ("fp32", "mixed") + (() if args.precision in ("fp32", "mixed") else (args.precision,))
     try:
         chosen = est.transformer(precision=args.precision, **kwargs)
-        side = {p: est.transformer(precision=p, **kwargs) for p in ("fp32", "mixed")}
+        side = {p: est.transformer(precision=p, **kwargs) for p in shown}
     except est.EstimateError as exc:
         return _fail(args, exc)
     data = asdict(chosen)
@@ -217,12 +228,12 @@ def _transformer(args: argparse.Namespace) -> int:
     data["by_precision"] = {p: asdict(r) for p, r in side.items()}
     lines = ["%s parameters (%d layers, d_model %d, %d heads, vocab %d); batch %d x seq %d, %s" % (
         _human(chosen.params), args.layers, args.d_model, args.heads, args.vocab, args.batch, args.seq_len,
-        args.optimizer), "  %-24s %10s %10s" % ("GB", "fp32", "mixed")]
+        args.optimizer), "  %-24s" % "GB" + "".join(" %14s" % p for p in shown)]
     for name in ("weights_bytes", "grads_bytes", "optimizer_bytes", "cast_bytes", "activation_bytes", "loss_bytes",
                  "step_temp_bytes", "peak_bytes"):
-        lines.append("  %-24s %10.3f %10.3f" % (name[:-6].replace("_", " "), getattr(side["fp32"], name) / GB,
-                                                 getattr(side["mixed"], name) / GB))
-    lines.append("  %-24s %10s %10s" % ("peak at", side["fp32"].peak_phase, side["mixed"].peak_phase))
+        lines.append("  %-24s" % name[:-6].replace("_", " ") + "".join(" %14.3f" % (getattr(side[p], name) / GB)
+                                                                       for p in shown))
+    lines.append("  %-24s" % "peak at" + "".join(" %14s" % side[p].peak_phase for p in shown))
     return _emit(args, data, lines)
 
 

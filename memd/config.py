@@ -61,13 +61,14 @@ class Config:
     metrics_address: str = "127.0.0.1:9463"  # HOST:PORT, or "off"
     interval: float = 0.2  # seconds between samples of the cheap signals
     job_interval: float = 2.0  # seconds between reads of each job's process tree
-    flush_interval: float = 30.0  # seconds between writes of what live sessions learned
+    flush_interval: float = 2.0  # seconds between writes of what live sessions learned (state.flush_soon)
     state_dir: Optional[str] = None
     max_sessions: int = 256
     session_ttl: float = 600.0  # seconds of silence after which a session is dropped
     log_level: str = "info"
     log_format: str = "auto"  # auto (JSON unless on a terminal), json or console
-    curve_secret_key_file: Optional[str] = None  # z85 secret key: required for non-loopback tcp
+    curve_secret_key_file: Optional[str] = None  # the daemon's CURVE key: required for non-loopback tcp
+    curve_client_keys_dir: Optional[str] = None  # the clients' public .key files: required with CURVE
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
     def resolved_endpoint(self) -> str:
@@ -117,6 +118,8 @@ def _merge_file(path: str, values: Dict[str, Any], policy: Dict[str, Any]) -> No
         raise ConfigError("config file %s unreadable: %s" % (path, exc.strerror)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config file %s is not valid TOML: %s" % (path, exc)) from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: tomllib lets this one through
+        raise ConfigError("config file %s is not UTF-8 text (byte %d)" % (path, exc.start)) from None
     for key, value in data.items():
         if key == "policy":
             if not isinstance(value, dict):
@@ -175,13 +178,15 @@ def validate(config: Config) -> None:
         raise ConfigError("config key 'log_level' must be debug, info, warning or error")
     if config.log_format not in ("auto", "json", "console"):
         raise ConfigError("config key 'log_format' must be auto, json or console")
+    check_curve(config)
     if config.endpoint:
         check_endpoint(config.endpoint, secure=bool(config.curve_secret_key_file))
     if config.metrics_address != "off":
         parse_address(config.metrics_address)
     p = config.policy
-    for name in ("margin_ratio", "os_reserve_max_ratio", "elevated_some_avg10", "high_some_avg10", "critical_full_avg10",
-                 "critical_available_ratio", "oom_cut", "min_gain", "peak_spread_host", "peak_spread_gpu"):
+    for name in ("margin_ratio", "os_reserve_max_ratio", "elevated_some_avg10", "high_some_avg10",
+                 "critical_full_avg10", "critical_available_ratio", "oom_cut", "min_gain", "peak_spread_host",
+                 "peak_spread_gpu"):
         if not 0 <= getattr(p, name) < 1:
             raise ConfigError("config key 'policy.%s' must be a ratio in [0, 1)" % name)
     if not p.elevated_some_avg10 <= p.high_some_avg10:
@@ -191,6 +196,17 @@ def validate(config: Config) -> None:
     if p.stable_steps < 1 or not p.max_growth > 1 or not p.plan_fresh_seconds > 0:
         raise ConfigError("config keys 'policy.stable_steps' >= 1, 'policy.max_growth' > 1 and "
                           "'policy.plan_fresh_seconds' > 0 are required")
+
+
+def check_curve(config: Config) -> None:
+    """CURVE comes with its allow-list or not at all: a CURVE socket without one encrypts but
+    admits any client key (issue 12: a random key got a session)."""
+    if config.curve_secret_key_file and not config.curve_client_keys_dir:
+        raise ConfigError("config key 'curve_client_keys_dir' is required with 'curve_secret_key_file': CURVE "
+                          "without an allow-list of client keys admits anyone (docs/deploy.md)")
+    if config.curve_client_keys_dir and not config.curve_secret_key_file:
+        raise ConfigError("config key 'curve_client_keys_dir' needs 'curve_secret_key_file' (the daemon's own "
+                          "CURVE key): without it no client is asked for a key")
 
 
 def check_endpoint(endpoint: str, secure: bool = False) -> None:

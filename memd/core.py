@@ -52,7 +52,7 @@ class Core:
 
 
 # Seconds; request handling is tens of microseconds, so the buckets start low.
-LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25)
+LATENCY_BUCKETS: Tuple[float, ...] = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25)
 
 
 class Histogram:

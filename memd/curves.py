@@ -7,9 +7,10 @@ MAX_MESSAGE_BYTES (the client's decoder is sized for it). So a reply carries the
 (job, pool) order up to PAGE_BYTES of them, and a cursor (``next``: the last one's job and pool)
 to ask for the rest with. One entry is at most ENTRY_BYTES (its key, 512 characters, is at most
 2 KiB of UTF-8; 32 points of two integers below 2**63 are 19 bytes each; the ceiling and the
-time 9 each; the clean runs 3; the field names 46), a page stops before PAGE_BYTES, and the cursor is at most one
-more key: a reply is under PAGE_BYTES + 2 * ENTRY_BYTES, well within MAX_MESSAGE_BYTES. A
-cursor, not an offset: a job remembered or forgotten between two pages moves no other entry.
+time 9 each; the clean runs 3; the owner 16; the field names 52), a page stops before
+PAGE_BYTES, and the cursor is at most one more key: a reply is under PAGE_BYTES + 2 * ENTRY_BYTES,
+well within MAX_MESSAGE_BYTES. A cursor, not an offset: a job remembered or forgotten between two
+pages moves no other entry.
 Pure functions: no core, no I/O.
 """
 from __future__ import annotations
@@ -18,12 +19,12 @@ import bisect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from memd.client import protocol
-from memd.state import Memory
+from memd.state import Memory, owner_of
 
 PAGE_BYTES = protocol.MAX_MESSAGE_BYTES // 2
 ENTRY_BYTES = 3 * 1024  # the most one entry can take (above); tests check it
 
-Recall = Callable[[str, str], Memory]  # Store.recall, of a key Store.keys gave
+Recall = Callable[[str, str], Optional[Memory]]  # Store.recall
 
 
 def view(job: str, pool: str, memory: Memory) -> Dict[str, Any]:
@@ -32,6 +33,7 @@ def view(job: str, pool: str, memory: Memory) -> Dict[str, Any]:
         "job": job,
         "pool": pool,
         "points": [[o.batch, o.peak_bytes] for o in memory.observations],
+        "owner": owner_of(pool),
         "ceiling": memory.ceiling,
         "clean_runs": memory.clean_runs,
         "updated": int(memory.updated),
@@ -48,7 +50,9 @@ def page(keys: Sequence[Tuple[str, str]], recall: Recall, after: Optional[Sequen
     shown: List[Dict[str, Any]] = []
     used = 0
     for job, pool in keys[start:]:
-        entry = view(job, pool, recall(job, pool))
+        memory = recall(job, pool)
+        assert memory is not None, "Store.keys() gave %r, Store.recall() did not find it" % ((job, pool),)
+        entry = view(job, pool, memory)
         size = len(protocol.encode(entry))
         if shown and used + size > budget:
             break

@@ -18,7 +18,8 @@ from typing import Callable, Optional
 import structlog
 
 from memd import config as config_module
-from memd import metrics, ops
+from memd import metrics, ops, zap
+from memd.client import curve
 from memd.config import Config
 from memd.core import VERSION, Core
 from memd.logs import configure_logging
@@ -26,6 +27,7 @@ from memd.notify import Notifier
 from memd.policy.pressure import host_signals, next_state
 from memd.sampling import procs
 from memd.sampling.sampler import Sampler
+from memd.sampling.snapshot import Snapshot
 from memd.server import Server
 from memd.sessions import Session, Sessions
 from memd.state import StateStore
@@ -47,8 +49,8 @@ class Daemon:
         sessions = Sessions(cfg.max_sessions, cfg.session_ttl, clock, self._alive)
         self.core = Core(cfg, sessions, self.store, clock=clock, proc_root=self.sampler.proc_root)
         self.server = Server(cfg.resolved_endpoint(), self._dispatch(), self.core.observe_request,
-                             curve_secret_key=_curve_key(cfg))
-        self.metrics = None
+                             curve_secret_key=_curve_key(cfg), client_keys=_client_keys(cfg))
+        self.metrics: Optional[metrics.MetricsServer] = None
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._sampler_thread: Optional[threading.Thread] = None
@@ -56,23 +58,27 @@ class Daemon:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Sample once, bind, serve metrics, start the sampler; ConfigError if anything is taken."""
+        """Bind, serve metrics, sample once, start the sampler; ConfigError if anything is taken.
+        Bound first: a daemon that cannot bind says only why (it printed what NVML said first);
+        requests wait in the socket until run(), and a scrape before the first sample shows the
+        daemon's own metrics."""
         self.store.remove_stale_temps(before=time.time())
         self.store.load()
-        self._sample_once(jobs=False)
         self.server.bind()
         try:
             if self.cfg.metrics_address != "off":
                 self.metrics = metrics.serve(self.core, self.cfg.metrics_address)
-        except config_module.ConfigError:
+            snap = self._sample_once(jobs=False)
+        except BaseException:
             self.server.close()
+            if self.metrics is not None:
+                self.metrics.shutdown()
             raise
         self._sampler_thread = threading.Thread(target=self._sample_loop, name="memd-sampler", daemon=True)
         self._sampler_thread.start()
-        snap = self.core.snapshot
         log.info("memd ready", version=VERSION, endpoint=self.server.endpoint, metrics=self.cfg.metrics_address,
                  memory_model=snap.memory_model, gpus=len(snap.gpus), state_dir=self.store.directory,
-                 remembered_jobs=len(self.store))
+                 remembered_jobs=len(self.store), curve_clients=_admitted(self.server))
         self.notifier.ready("serving on %s" % self.server.endpoint)
 
     def run(self) -> None:
@@ -93,7 +99,7 @@ class Daemon:
             if now - last_flush >= self.cfg.flush_interval:
                 last_flush = now
                 self._remember_live()
-                self.store.flush()
+                self.store.flush_soon()
 
     def shutdown(self) -> None:
         self.notifier.stopping()
@@ -102,6 +108,7 @@ class Daemon:
             self._sampler_thread.join(timeout=2.0)
         for session in self.core.sessions:
             ops.remember(self.core, session)
+        self.store.close()
         self.store.flush()
         self.server.close()
         if self.metrics is not None:
@@ -141,7 +148,7 @@ class Daemon:
                 log.exception("sampling failed; keeping the previous snapshot")
             self._stop.wait(max(0.0, self.cfg.interval - (self.clock() - started)))
 
-    def _sample_once(self, jobs: bool) -> None:
+    def _sample_once(self, jobs: bool) -> Snapshot:
         snap = self.sampler.sample()
         core = self.core
         core.pressure = next_state(core.pressure, host_signals(snap), snap.monotonic, self.cfg.policy)
@@ -155,6 +162,7 @@ class Daemon:
             fresh = {pid: self._read_job(pid, snap) for pid in pids - core.jobs.keys()}
             core.jobs = {**core.jobs, **fresh}  # published whole, never mutated in place
         core.sampler_heartbeat = self.clock()
+        return snap
 
     def _read_job(self, pid: int, snap):
         """A job's tree and cgroup. A cgroup, or a live process, that could not be read this time
@@ -207,13 +215,22 @@ class Daemon:
                 if getattr(new, name) != getattr(self.cfg, name)]
         if kept:
             log.warning("reload cannot change these without a restart", keys=kept)
+        if "curve_secret_key_file" in kept:  # CURVE and its allow-list come and go together
+            kept.append("curve_client_keys_dir")
         new = dataclasses.replace(new, **{name: getattr(self.cfg, name) for name in kept})
+        try:
+            allowed = _client_keys(new)  # re-read: adding or removing a client's key file needs no restart
+        except config_module.ConfigError as exc:
+            log.error("reload refused; keeping the running configuration", error=str(exc))
+            return
         self.cfg = new
         self.core.config = new
         self.core.sessions.max_sessions = new.max_sessions
         self.core.sessions.ttl = new.session_ttl
         configure_logging(new)
-        log.info("configuration reloaded")
+        if allowed is not None and self.server.zap is not None:
+            self.server.zap.admit(allowed)  # new handshakes only: connections admitted before stay
+        log.info("configuration reloaded", curve_clients=_admitted(self.server))
 
 
 def serve(cfg: Config, reload: Optional[Callable[[], Config]] = None) -> int:
@@ -234,14 +251,24 @@ def serve(cfg: Config, reload: Optional[Callable[[], Config]] = None) -> int:
 
 
 def _curve_key(cfg: Config) -> Optional[bytes]:
+    """The daemon's CURVE secret key (Z85) from its .key_secret file (or a bare 40-character key)."""
     if not cfg.curve_secret_key_file:
         return None
     try:
-        with open(cfg.curve_secret_key_file, "rb") as f:
-            key = f.read().strip()
-    except OSError as exc:
-        raise config_module.ConfigError("curve_secret_key_file %s unreadable: %s" % (cfg.curve_secret_key_file, exc.strerror))
-    if len(key) != 40:
-        raise config_module.ConfigError("curve_secret_key_file %s must hold a 40-character Z85 secret key"
-                                        % cfg.curve_secret_key_file)
-    return key
+        return curve.read_keypair(cfg.curve_secret_key_file, "curve_secret_key_file")[1]
+    except ValueError as exc:
+        raise config_module.ConfigError(str(exc)) from None
+
+
+def _client_keys(cfg: Config):
+    """The allow-list of client keys, read now (at start, and again at each reload)."""
+    if not cfg.curve_client_keys_dir:
+        return None
+    allowed = zap.load_allow_list(cfg.curve_client_keys_dir)
+    if not allowed:
+        log.warning("curve_client_keys_dir holds no *.key file: no client is admitted", dir=cfg.curve_client_keys_dir)
+    return allowed
+
+
+def _admitted(server: Server) -> Optional[int]:
+    return None if server.zap is None else len(server.zap.allowed)

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import errno
 import platform
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional, Union
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                    InfoMetricFamily, Metric)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 from memd.config import ConfigError, parse_address
 from memd.core import VERSION, Core
@@ -50,18 +55,25 @@ class MemdCollector:
         core = self.core
         sessions = list(core.sessions)
         yield _gauge("memd_sessions", "Training sessions registered now", len(sessions))
-        families = {
-            "batch": GaugeMetricFamily("memd_session_recommended_batch_size", "Batch size the plan recommends", labels=SESSION_LABELS),
-            "accum": GaugeMetricFamily("memd_session_grad_accum_steps", "Gradient-accumulation steps the plan recommends", labels=SESSION_LABELS),
-            "effective": GaugeMetricFamily("memd_session_effective_batch_size", "Batch size x accumulation steps of the plan", labels=SESSION_LABELS),
-            "workers": GaugeMetricFamily("memd_session_recommended_workers", "Dataloader workers the plan recommends", labels=SESSION_LABELS),
-            "throttle": GaugeMetricFamily("memd_session_throttle", "1 while the plan asks data loading to pause", labels=SESSION_LABELS),
-            "used": GaugeMetricFamily("memd_session_batch_size", "Batch size of the session's last report", labels=SESSION_LABELS),
-            "peak": GaugeMetricFamily("memd_session_peak_bytes", "Peak memory of the session's last report", labels=SESSION_LABELS),
-            "budget": GaugeMetricFamily("memd_session_budget_bytes", "Largest peak the session's pool allows now", labels=SESSION_LABELS),
-            "predicted": GaugeMetricFamily("memd_session_predicted_peak_bytes", "Peak the learned curve predicts for the plan", labels=SESSION_LABELS),
-            "ooms": CounterMetricFamily("memd_session_ooms", "Out-of-memory errors the session reported", labels=SESSION_LABELS),
-            "reports": CounterMetricFamily("memd_session_reports", "Step reports the session sent", labels=SESSION_LABELS),
+
+        def gauge(name: str, help_text: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, help_text, labels=SESSION_LABELS)
+
+        def counter(name: str, help_text: str) -> CounterMetricFamily:
+            return CounterMetricFamily(name, help_text, labels=SESSION_LABELS)
+
+        families: Dict[str, Union[GaugeMetricFamily, CounterMetricFamily]] = {
+            "batch": gauge("memd_session_recommended_batch_size", "Batch size the plan recommends"),
+            "accum": gauge("memd_session_grad_accum_steps", "Gradient-accumulation steps the plan recommends"),
+            "effective": gauge("memd_session_effective_batch_size", "Batch size x accumulation steps of the plan"),
+            "workers": gauge("memd_session_recommended_workers", "Dataloader workers the plan recommends"),
+            "throttle": gauge("memd_session_throttle", "1 while the plan asks data loading to pause"),
+            "used": gauge("memd_session_batch_size", "Batch size of the session's last report"),
+            "peak": gauge("memd_session_peak_bytes", "Peak memory of the session's last report"),
+            "budget": gauge("memd_session_budget_bytes", "Largest peak the session's pool allows now"),
+            "predicted": gauge("memd_session_predicted_peak_bytes", "Peak the learned curve predicts for the plan"),
+            "ooms": counter("memd_session_ooms", "Out-of-memory errors the session reported"),
+            "reports": counter("memd_session_reports", "Step reports the session sent"),
         }
         for s in sessions:
             labels = [str(s.sid), s.job, "" if s.rank is None else str(s.rank), s.pool or ""]
@@ -86,7 +98,8 @@ class MemdCollector:
 
     def _health(self) -> Iterator[Metric]:
         core = self.core
-        requests = CounterMetricFamily("memd_requests", "Requests answered, by op and outcome", labels=["op", "outcome"])
+        requests = CounterMetricFamily("memd_requests", "Requests answered, by op and outcome",
+                                       labels=["op", "outcome"])
         for (op, outcome), count in sorted(core.requests.items()):
             requests.add_metric([op, outcome], count)
         yield requests
@@ -106,7 +119,8 @@ class MemdCollector:
                                   value=core.ooms_reported)
         if core.snapshot is not None:
             yield _gauge("memd_sample_duration_seconds", "Time the last sample took", core.snapshot.duration_seconds)
-            yield _gauge("memd_last_sample_timestamp_seconds", "Wall-clock time of the last sample", core.snapshot.taken_at)
+            yield _gauge("memd_last_sample_timestamp_seconds", "Wall-clock time of the last sample",
+                         core.snapshot.taken_at)
         yield _gauge("memd_remembered_jobs", "Job curves kept in the state directory", len(core.store))
         yield _gauge("memd_start_time_seconds", "Wall-clock time the daemon started", core.started)
 
@@ -114,7 +128,8 @@ class MemdCollector:
 def _host(snap: Snapshot) -> Iterator[Metric]:
     m = snap.system
     yield _gauge("memd_host_memory_total_bytes", "Host RAM", m.total_bytes)
-    yield _gauge("memd_host_memory_available_bytes", "Host RAM available without swapping (MemAvailable)", m.available_bytes)
+    yield _gauge("memd_host_memory_available_bytes", "Host RAM available without swapping (MemAvailable)",
+                 m.available_bytes)
     yield _gauge("memd_host_memory_used_bytes", "Host RAM not available (total minus available)", m.used_bytes)
     yield _gauge("memd_host_swap_total_bytes", "Swap space", m.swap_total_bytes)
     yield _gauge("memd_host_swap_used_bytes", "Swap in use", m.swap_used_bytes)
@@ -157,9 +172,9 @@ def _host(snap: Snapshot) -> Iterator[Metric]:
             ("memd_cgroup_oom_kill_events", "Processes killed by the OOM killer in the cgroup", cg.oom_kill_events),
         ):
             if value is not None:
-                family = CounterMetricFamily(name, help_text, labels=labels)
-                family.add_metric(values, value)
-                yield family
+                counter = CounterMetricFamily(name, help_text, labels=labels)
+                counter.add_metric(values, value)
+                yield counter
 
 
 def _gpus(snap: Snapshot) -> Iterator[Metric]:
@@ -173,7 +188,8 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
         ("utilization", "memd_gpu_utilization_ratio", "Share of time a kernel ran on the GPU"),
     )
     families = {attr: GaugeMetricFamily(name, help_text, labels=GPU_LABELS) for attr, name, help_text in fields}
-    healthy = GaugeMetricFamily("memd_gpu_healthy", "1 while the GPU answers, 0 when lost or failing", labels=GPU_LABELS)
+    healthy = GaugeMetricFamily("memd_gpu_healthy", "1 while the GPU answers, 0 when lost or failing",
+                                labels=GPU_LABELS)
     unified = GaugeMetricFamily("memd_gpu_unified_memory", "1 when the GPU uses host memory", labels=GPU_LABELS)
     for gpu in snap.gpus:
         labels = [str(gpu.index), gpu.uuid or "", gpu.name or "", gpu.mig_parent_uuid or ""]  # None: never read
@@ -211,7 +227,8 @@ def serve(core: Core, address: str, registry: Optional[CollectorRegistry] = None
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise ConfigError("metrics address %s is in use by another process "
-                              "(choose another with --metrics-address HOST:PORT, or --metrics-address off)" % address) from None
-        raise ConfigError("cannot serve metrics on %s: %s (--metrics-address)" % (address, exc.strerror or exc)) from None
+            raise ConfigError("metrics address %s is in use by another process (choose another with "
+                              "--metrics-address HOST:PORT, or --metrics-address off)" % address) from None
+        raise ConfigError("cannot serve metrics on %s: %s (--metrics-address)"
+                          % (address, exc.strerror or exc)) from None
     return MetricsServer(server, thread)

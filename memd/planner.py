@@ -10,7 +10,7 @@ import collections
 import hashlib
 import json
 from dataclasses import replace
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
 
 from memd.config import PolicyConfig
 from memd.policy import budget, estimate
@@ -19,7 +19,7 @@ from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.growth import growth
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
-from memd.sessions import Session
+from memd.sessions import OWNER, Session
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
 MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of each kept
@@ -52,7 +52,7 @@ def gpu_key(gpu: Gpu) -> str:
 
 def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optional[str]:
     """The key a job's curves are looked up and saved under: its pool, from what is known when
-    it says hello, and its configuration (configuration()). The pool: its own cgroup (read
+    it says hello, then its configuration and owner (comparable()). The pool: its own cgroup (read
     then, ``session.cgroup``) on the host, the GPU it names on a discrete machine (else the
     only one, or the one its process already uses; else any, when the host's GPUs are all
     alike). None when that GPU cannot be told yet: plan_session keys the session by the GPU it
@@ -63,13 +63,26 @@ def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optiona
         gpu = budget.find_gpu(snapshot.gpus, session.device_uuid, session.device, session.visible_devices,
                               [session.pid])
         if gpu is not None and gpu.name:
-            return gpu_key(gpu) + configuration(session)
+            return gpu_key(gpu) + comparable(session)
         alike = {gpu_key(g) for g in snapshot.gpus if g.name and g.total_bytes}
         if len(alike) == 1:
-            return alike.pop() + configuration(session)
+            return alike.pop() + comparable(session)
         if not on_cpu(session):
             return None
-    return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot) + configuration(session)
+    return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot) + comparable(session)
+
+
+def comparable(session: Session) -> str:
+    """What follows the pool in a job's key: its configuration, then its owner."""
+    return configuration(session) + ownership(session)
+
+
+def ownership(session: Session) -> str:
+    """"@uid:N", the user its process runs as ("" when not known: a session memd cannot watch,
+    whose learning is never kept). Curves are their owner's: another user's job of the same name
+    neither reads nor overwrites them, and a user who fills the store evicts their own first
+    (state.StateStore.remember)."""
+    return "" if session.owner is None else "%s%d" % (OWNER, session.owner)
 
 
 # Hints that change how the job's data reaches it, not what one of its steps costs.
@@ -95,25 +108,47 @@ def on_cpu(session: Session) -> bool:
     return (session.device or "").split(":")[0].strip().lower() == "cpu"
 
 
-def reserved_growth(session: Session, pool_name: str, sessions: Iterable[Session], at: float) -> int:
-    """Growth already promised to the other sessions in a pool, not yet visible as usage in the
-    snapshot taken ``at``."""
-    total = 0
-    for other in sessions:
-        if other is session or other.pool != pool_name or other.predicted_peak_bytes is None:
-            continue
-        held = other.peak_held_at(at)
-        total += max(0, int(other.predicted_peak_bytes) - held)
-    return total
+class Neighbour(NamedTuple):
+    held: int  # what it held when the snapshot was taken (Session.peak_held_at)
+    predicted: Optional[float]  # the peak its plan predicts
+    wanted: Optional[int]  # the peak it would plan for with the pool to itself
 
 
-def share_for(session: Session, pool: budget.Pool, greedy: int, sessions: Iterable[Session], at: float) -> Optional[int]:
-    """The session's fair share of its pool (budget.fair_share), or None when it has the pool to
-    itself. ``greedy`` is its budget as if alone but for the growth promised to the others."""
-    others = [o for o in sessions if o is not session and o.pool == pool.name]
+def neighbours(session: Session, pool_name: Optional[str], sessions: Iterable[Session], at: float) -> List[Neighbour]:
+    """The other sessions in a pool whose claims count against this one's room, as of the
+    snapshot taken ``at``: those whose process the daemon watches (Session.local: on this host,
+    its pid checked). What any other peer claims (another host, a pid it cannot check) is taken
+    for its own plan only: one such session claiming 20 GB of fixed memory cut a real job's plan
+    from 1034 to 58, four to 1. Their real use, where it is on this machine, is in the pool's
+    free memory all the same. Read once per decision: with 256 sessions it is most of a
+    report's cost."""
+    return [Neighbour(o.peak_held_at(at), o.predicted_peak_bytes, o.wanted_peak_bytes)
+            for o in sessions if o.pool == pool_name and o.local and o is not session]
+
+
+def fuller_than_planned(pool: budget.Pool, cfg: PolicyConfig) -> float:
+    """Free memory below which a job's own pool is critical: under 2 % of it
+    (critical_available_ratio), and under half the margin its plan leaves free at its peak. A
+    plan takes the pool to its margin (1 %) at a step's peak, so 2 % alone called every peak of
+    a job at its plan critical: the embedding job, restarted at 9016 of 9465, was cut by a
+    quarter three times in 30 steps."""
+    return min(cfg.critical_available_ratio * pool.capacity_bytes, pool.margin_bytes / 2)
+
+
+def reserved_growth(others: Sequence[Neighbour]) -> int:
+    """Growth already promised to the other sessions in the pool, not yet visible as usage in
+    the snapshot."""
+    return sum(max(0, int(o.predicted) - o.held) for o in others if o.predicted is not None)
+
+
+def share_for(session: Session, pool: budget.Pool, greedy: int, others: Sequence[Neighbour],
+              at: float) -> Optional[int]:
+    """The session's fair share of its pool (budget.fair_share) beside the others, or None when
+    it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised
+    to the others."""
     if not others:
         return None
-    held = [(o.peak_held_at(at), o.wanted_peak_bytes) for o in others]
+    held = [(o.held, o.wanted) for o in others]
     room = greedy + pool.reserved_bytes + sum(h for h, _ in held)
     return budget.fair_share(room, session.peak_held_at(at), held)
 
@@ -124,8 +159,8 @@ def curve_for(session: Session, noise: float = NOISE, kills: bool = False):
     report past its warm-up, a curve its earlier runs left (same job, pool and configuration:
     identify) is its curve, with source "remembered": the first plan starts from it, within
     the pool's room now and no higher than the batches those runs ran (controller). Once that
-    report agrees with it (check_remembered), it joins the fit; a restarted job (a preempted
-    Slurm job, a resumed run) that was planned its default instead re-learned from it."""
+    report agrees with it (check_remembered), it joins the fit. Used only as a prior, it left
+    every restarted job (a preempted Slurm job, a resumed run) at its default, to learn again."""
     if any(not o.warmup for o in session.observations):
         return fit(list(session.remembered) + list(session.observations), session.prior, noise, kills)
     remembered = fit(session.remembered, None, noise, kills) if session.remembered else None
@@ -162,12 +197,13 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     workers = worker_facts(session, job, cfg)
     if pool.kind == DISCRETE:
         workers = replace(workers, growth=0)  # workers grow in host memory, not on the GPU
-    pool = pool.with_reserved(reserved_growth(session, pool.name, sessions, snapshot.monotonic) + workers.growth)
+    others = neighbours(session, pool.name, sessions, snapshot.monotonic)
+    pool = pool.with_reserved(reserved_growth(others) + workers.growth)
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
     greedy = pool.budget(held_now)
-    pool = pool.with_share(share_for(session, pool, greedy, sessions, snapshot.monotonic))
+    pool = pool.with_share(share_for(session, pool, greedy, others, snapshot.monotonic))
     level = host_level
-    if pool.name == budget.HOST and pool.free_bytes < cfg.critical_available_ratio * pool.capacity_bytes:
+    if pool.name == budget.HOST and pool.free_bytes < fuller_than_planned(pool, cfg):
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
     held = session.peak_held_at(snapshot.monotonic)
     if (pool.own_bytes is None and held == 0 and session.plan is not None and session.held
@@ -187,10 +223,11 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # on a loaded machine): its cgroup is unknown, and a CNN in a 1 GiB group budgeted from the
     # machine's 20 GB after three steps was planned 1776 where 665 fits, and killed. Before its
     # first report, the cgroup read at hello bounds it (its usage then is counted as used: the
-    # budget errs low), so a job memd remembers starts from its curve, not from its default;
-    # not on a machine with GPUs, where a host pool means its GPU is not known yet.
+    # budget errs low), so a job memd remembers starts from its curve, not from its default.
+    # A job running already when it said hello (the daemon restarted) holds what it runs until
+    # its memory is read: counted as used by someone else, its own memory cut it to batch 1.
     unread = session.local and pool.name == budget.HOST and (job is None or not job.alive) and (
-        session.cgroup is None or bool(session.observations))
+        session.cgroup is None or bool(session.observations) or session.rejoined)
     # On a machine with GPUs, a job whose GPU cannot be told (several unlike GPUs, none named,
     # none used yet) is not budgeted from the host's RAM: two 80 GB GPUs on a 1 TB host gave a
     # first plan of 430 where 67 fits the GPU. It keeps its default until its GPU is known.
@@ -232,7 +269,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     # as host RSS would teach a GPU job's curve the wrong memory.
     session.pool = session.pool if gpu_gone else None if gpu_unknown else pool.name
     if session.pool_key is None and pool.name != budget.HOST and not gpu_gone:
-        session.pool_key = pool_key(pool, snapshot) + configuration(session)  # its GPU was unknown at hello
+        session.pool_key = pool_key(pool, snapshot) + comparable(session)  # its GPU was unknown at hello
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     return decision
@@ -253,6 +290,7 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
     (``growth``, GROWTH_AHEAD at their rate) is held back from the batch's budget in a shared
     pool: a job with four growing workers was planned a batch that fit at the time, and the
     workers' growth killed it 8 steps later."""
+    cpus: Optional[float]
     if job is not None and job.cpus:
         cpus = job.cpus / (session.local_world_size or 1)  # the node's ranks share its CPUs
     else:
@@ -294,7 +332,8 @@ def _settling(session: Session) -> bool:
     first), so growth waits for what the planned batch costs."""
     last = session.observations[-1] if session.observations else None
     planned = session.state.batch
-    return last is not None and planned is not None and (last.batch < planned or last.settling and last.batch == planned)
+    return last is not None and planned is not None and (
+        last.batch < planned or last.settling and last.batch == planned)
 
 
 def prior_from_hints(hints: Dict[str, object]) -> Optional[Prior]:

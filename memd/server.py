@@ -1,11 +1,12 @@
 """The ZeroMQ ROUTER loop: decode -> validate -> handler -> reply.
 
-Only this module (and the client) touches zmq. It adds the reply envelope, maps exceptions to
-error codes in one place (a handler's Invalid is the client's fault, anything else the daemon's:
-``internal``, its traceback logged at most once a minute per op and error), and never blocks:
-replies are sent without waiting (a peer that does not read its replies loses them, it does not
-stall the daemon). Messages over the protocol cap get a ``too_large`` reply; messages over four
-times the cap are dropped by libzmq itself (ZMQ_MAXMSGSIZE), which disconnects the sender.
+Only this module (with zap.py, its CURVE allow-list) and the client touch zmq. It adds the
+reply envelope, maps exceptions to error codes in one place (a handler's Invalid is the
+client's fault, anything else the daemon's: ``internal``, its traceback logged at most once a
+minute per op and error), and never blocks: replies are sent without waiting (a peer that does
+not read its replies loses them, it does not stall the daemon). Messages over the protocol cap
+get a ``too_large`` reply; messages over four times the cap are dropped by libzmq itself
+(ZMQ_MAXMSGSIZE), which disconnects the sender.
 ZMQ_MAXMSGSIZE caps a frame, not a message, so frames beyond the protocol's (MAX_FRAMES) are
 received without a copy and dropped, never echoed, and each peer's queue holds at most RCVHWM
 messages (docs/protocol.md, "Envelope").
@@ -16,7 +17,7 @@ import errno
 import os
 import stat
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
 import structlog
 import zmq
@@ -27,6 +28,7 @@ from memd.config import ConfigError
 from memd.logs import Throttle
 from memd.ops import Invalid
 from memd.sessions import TooManySessions, UnknownSession
+from memd.zap import DOMAIN, Gate
 
 log = structlog.get_logger("memd.server")
 
@@ -47,7 +49,7 @@ _NOBLOCK, _EVENTS, _POLLIN, _RCVMORE = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zm
 class Server:
     def __init__(self, endpoint: str, dispatch: Dict[str, Handler], observe: Optional[Observer] = None,
                  curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660,
-                 throttle: Optional[Throttle] = None):
+                 throttle: Optional[Throttle] = None, client_keys: Optional[FrozenSet[bytes]] = None):
         self.endpoint = endpoint
         self.throttle = throttle or Throttle(interval=60.0)  # one traceback a minute per op and error
         self.dispatch = dispatch
@@ -55,7 +57,9 @@ class Server:
         self.curve_secret_key = curve_secret_key
         self.socket_mode = socket_mode
         self.context = zmq.Context(io_threads=1)
-        self.sock: Optional[zmq.Socket] = None
+        # CURVE never without its allow-list (zap.py): no keys given admits nobody, not everybody.
+        self.zap = Gate(self.context, client_keys or frozenset()) if curve_secret_key is not None else None
+        self.sock: Optional[zmq.SyncSocket] = None
         self._ipc_path: Optional[str] = None
         self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
         self._trim_at = 0.0  # monotonic time before which it is not trimmed again
@@ -67,10 +71,14 @@ class Server:
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_MESSAGE_BYTES * 4)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
-        if self.curve_secret_key is not None:
+        if self.zap is not None:
+            if self.zap.sock is None:
+                self.zap.bind()  # first: a handshake before it would go unchecked
+            assert self.curve_secret_key is not None  # the gate is made only with a key
             sock.curve_secretkey = self.curve_secret_key
             sock.curve_publickey = zmq.curve_public(self.curve_secret_key)
             sock.curve_server = True
+            sock.zap_domain = DOMAIN
         try:
             if self.endpoint.startswith("ipc://"):
                 self._prepare_ipc(self.endpoint[len("ipc://"):])
@@ -88,6 +96,8 @@ class Server:
         self.sock = sock
         self._poller = zmq.Poller()  # one for the daemon's life: Socket.poll() builds one per call
         self._poller.register(sock, zmq.POLLIN)
+        if self.zap is not None:
+            self._poller.register(self.zap.sock, zmq.POLLIN)
 
     def _prepare_ipc(self, path: str) -> None:
         """Make the socket's directory; refuse to steal a live daemon's socket, clear a stale one."""
@@ -95,7 +105,8 @@ class Server:
         try:
             os.makedirs(directory, mode=0o750, exist_ok=True)
         except OSError as exc:
-            raise ConfigError("cannot create socket directory %s: %s (--endpoint)" % (directory, exc.strerror)) from None
+            raise ConfigError("cannot create socket directory %s: %s (--endpoint)"
+                              % (directory, exc.strerror)) from None
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
@@ -113,8 +124,10 @@ class Server:
         assert self.sock is not None
         if self._dropped_bytes >= TRIM_AFTER:
             self._trim()
-        if not self._poller.poll(timeout * 1000):
+        if not self._poller.poll(int(timeout * 1000)):
             return 0
+        if self.zap is not None:
+            self.zap.serve()  # handshakes waiting for the allow-list's word
         handled = 0
         # The poller said a message waits: take it, then ask EVENTS whether more do (an
         # exception per poll, zmq.Again, would cost more than a request).
@@ -125,7 +138,7 @@ class Server:
                 break
             handled += 1
             self._handle(frames, dropped)
-            if not self.sock.getsockopt(_EVENTS) & _POLLIN:
+            if not self.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq: int | bytes; EVENTS is an int
                 break
         return handled
 
@@ -154,6 +167,7 @@ class Server:
         return frames, dropped
 
     def _handle(self, frames: List[bytes], dropped: int = 0) -> None:
+        assert self.sock is not None  # bound: called from poll()
         start = time.perf_counter()
         if len(frames) < 2:
             return  # cannot happen on a ROUTER; nothing to route a reply to
@@ -193,8 +207,8 @@ class Server:
                 request_id = None
                 raise _Error(protocol.BAD_REQUEST, "id must be an integer")
             if request.get("v") != protocol.VERSION:
-                raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon speaks %d)"
-                             % (request.get("v"), protocol.VERSION))
+                raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon "
+                             "speaks %d)" % (request.get("v"), protocol.VERSION))
             name = request.get("op")
             if not isinstance(name, str):
                 raise Invalid("op is required" if name is None else "op must be a string, not %s" % type(name).__name__)
@@ -228,6 +242,8 @@ class Server:
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None
+        if self.zap is not None:
+            self.zap.close()
         self.context.term()
         if self._ipc_path is not None:
             try:

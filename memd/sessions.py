@@ -22,6 +22,8 @@ from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
+OWNER = "@uid:"  # a curve's key ends with its owner's uid (planner.ownership, state.owner_of)
+UNWATCHED_SHARE = 0.25  # of max_sessions, at most, for sessions whose process memd cannot watch
 # Runs that must go clean at a remembered OOM ceiling before it is lifted (Session.learned).
 CLEAN_RUNS = 3
 
@@ -69,6 +71,8 @@ class Session:
     local_world_size: Optional[int] = None  # ranks of the job on this node
     nonce: Optional[str] = None  # the client Session's own secret: a retried hello finds this session
     cgroup: Optional[Cgroup] = None  # the job's memory cgroup as read at hello (None: not local, unreadable)
+    owner: Optional[int] = None  # the uid its watched process runs as: its curves are its owner's
+    rejoined: bool = False  # said hello running a batch already (the daemon restarted under it)
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
     pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
@@ -166,12 +170,10 @@ class Session:
         was reported by then, or since its last OOM). A snapshot's free memory is paired with the
         job's holding *when the snapshot was taken*: a newer report would count the job's growth
         twice."""
-        held = 0
-        for noted_at, value in self.held:
-            if noted_at > when:
-                break
-            held = value or 0
-        return held
+        for noted_at, value in reversed(self.held):  # from the newest: at most a few steps back
+            if noted_at <= when:
+                return value or 0
+        return 0
 
     def holding_unknown(self) -> bool:
         """An out-of-memory error since the job's last report (note_oom)."""
@@ -194,9 +196,15 @@ class Sessions:
 
     def open(self, **fields) -> Session:
         """A new session; TooManySessions when full (the caller expires the dead ones first, and
-        ends them: see ops.end)."""
+        ends them: see ops.end), or when a quarter of the slots (UNWATCHED_SHARE) hold sessions
+        whose process the daemon cannot watch and this would be one more: those end only after
+        ``ttl`` of silence, and 256 of them from one peer held every slot long after it left."""
         if self.full():
             raise TooManySessions("%d sessions are open (max_sessions)" % self.max_sessions)
+        unwatched = sum(1 for s in self._by_token.values() if not s.local)
+        if not fields.get("local", True) and unwatched >= max(1, int(self.max_sessions * UNWATCHED_SHARE)):
+            raise TooManySessions("%d sessions of processes the daemon cannot watch are open (a quarter of "
+                                  "max_sessions)" % unwatched)
         now = self.clock()
         self._next_sid += 1
         session = Session(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now, **fields)

@@ -7,12 +7,14 @@ and memd starts empty rather than not at all. Bounded: the least recently used j
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import json
 import math
 import os
 import re
 import stat
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -20,6 +22,7 @@ from typing import Dict, List, Optional, Tuple
 import structlog
 
 from memd.policy.fit import Observation
+from memd.sessions import OWNER
 
 FILE = "curves.json"
 VERSION = 1
@@ -48,6 +51,11 @@ class StateStore:
         self.path = os.path.join(directory, FILE)
         self._jobs: Dict[str, dict] = {}
         self.dirty = False
+        # Writes in order: each carries the generation it was taken at, and one older than the
+        # file's is skipped, so a late background write never brings back what a forget dropped.
+        self._write_lock = threading.Lock()
+        self._generation = self._written = 0
+        self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def load(self) -> None:
         try:
@@ -104,13 +112,13 @@ class StateStore:
 
     def forget(self, job: str, pool_key: Optional[str] = None) -> List[str]:
         """Drop what was learned for ``job``, in every pool or only ``pool_key`` (a pool key
-        without its configuration, planner.identify's "#...", names every configuration in that
-        pool); returns the pool keys dropped, sorted. The store is dirty (flush writes it) only
-        if one was."""
+        without its configuration and owner, planner.identify's "#..." and "@uid:...", names every
+        configuration and owner in that pool); returns the pool keys dropped, sorted. The store is
+        dirty (flush writes it) only if one was."""
         dropped = []
         for key in list(self._jobs):
             name, pool = _split(key)
-            if name == job and pool_key in (None, pool, pool.partition("#")[0]):
+            if name == job and pool_key in (None, pool, base_pool(pool)):
                 del self._jobs[key]
                 dropped.append(pool)
         if dropped:
@@ -137,38 +145,90 @@ class StateStore:
         if ceiling is not None and clean_runs:
             self._jobs[key]["clean"] = clean_runs
         while len(self._jobs) > self.max_jobs:
-            del self._jobs[next(iter(self._jobs))]
+            del self._jobs[self._evictable()]
         self.dirty = True
 
+    def _evictable(self) -> str:
+        """The least recently used key of the owner with the most: a user who fills the store
+        (512 junk job names once evicted every curve) evicts their own first."""
+        owners = collections.Counter(owner_of(key) for key in self._jobs)
+        most = max(owners.values())
+        return next(key for key in self._jobs if owners[owner_of(key)] == most)
+
     def flush(self) -> bool:
-        """Write if anything changed; False (logged, state kept in memory) when the disk refuses."""
+        """Write if anything changed, before returning; False (logged, state kept in memory,
+        written again at the next flush) when the disk refuses."""
+        taken = self._take()
+        return True if taken is None else self._write(*taken)
+
+    def flush_soon(self) -> None:
+        """flush(), the file written on a thread of its own: the caller pays for the copy (5 ms
+        for a full store of 512 curves here), not the write and its fsyncs (33 ms), so the
+        daemon can flush every few seconds without stalling its clients. At most one write
+        waits at a time (a newer one makes an older, not yet written, one moot)."""
+        taken = self._take()
+        if taken is None:
+            return
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memd-state")
+        self._writer.submit(self._write, *taken)
+
+    def close(self) -> None:
+        """Wait for a background write to finish (at shutdown, before the last flush)."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+    def _take(self) -> Optional[Tuple[str, int]]:
+        """What the file should hold now, and its generation; None when nothing changed."""
         if not self.dirty:
-            return True
-        try:
-            os.makedirs(self.directory, mode=0o750, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.directory)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump({"version": VERSION, "jobs": self._jobs}, f, separators=(",", ":"))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            log.error("cannot write state", path=self.path, error=str(exc))
-            return False
+            return None
         self.dirty = False
-        return True
+        self._generation += 1
+        return json.dumps({"version": VERSION, "jobs": self._jobs}, separators=(",", ":")), self._generation
+
+    def _write(self, text: str, generation: int) -> bool:
+        with self._write_lock:
+            if generation <= self._written:
+                return True  # a newer state is on disk already
+            try:
+                os.makedirs(self.directory, mode=0o750, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.directory)
+                try:
+                    with os.fdopen(fd, "w") as f:
+                        f.write(text)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, self.path)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
+                dir_fd = os.open(self.directory, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+            except OSError as exc:
+                log.error("cannot write state", path=self.path, error=str(exc))
+                self.dirty = True  # written again at the next flush
+                return False
+            self._written = generation
+            return True
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+
+def owner_of(key: str) -> Optional[str]:
+    """The owner part of a stored key or pool key ("uid:1000"), None for one without (kept by
+    an earlier memd)."""
+    _, at, owner = key.rpartition(OWNER)
+    return OWNER[1:] + owner if at else None
+
+
+def base_pool(pool_key: str) -> str:
+    """A pool key's pool alone, without its configuration ("#...") or owner ("@uid:...")."""
+    return pool_key.partition(OWNER)[0].partition("#")[0]
 
 
 def _key(job: str, pool_key: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, TextIO
+from typing import Any, Callable, Dict, List, Optional, TextIO, Type
 
 GiB = 2 ** 30
 CLEAR = "\x1b[H\x1b[2J"
@@ -32,8 +32,9 @@ def render(status: Dict[str, Any], width: int = 100) -> str:
                                               _gib(system["swap_used_bytes"]), _gib(system["swap_total_bytes"])))
     psi = snap.get("pressure")
     if psi:
-        lines.append("psi   some %5.1f%% %5.1f%% %5.1f%%   full %5.1f%% %5.1f%% %5.1f%%   (avg10 avg60 avg300)" % tuple(
-            100 * psi[k] for k in ("some_avg10", "some_avg60", "some_avg300", "full_avg10", "full_avg60", "full_avg300")))
+        averages = ("some_avg10", "some_avg60", "some_avg300", "full_avg10", "full_avg60", "full_avg300")
+        lines.append("psi   some %5.1f%% %5.1f%% %5.1f%%   full %5.1f%% %5.1f%% %5.1f%%   (avg10 avg60 avg300)"
+                     % tuple(100 * psi[k] for k in averages))
     else:
         lines.append("psi   not available on this kernel")
     cg = snap.get("cgroup")
@@ -84,7 +85,8 @@ def render(status: Dict[str, Any], width: int = 100) -> str:
 
 
 def run(fetch: Callable[[], Dict[str, Any]], interval: float = 1.0, once: bool = False,
-        out: TextIO = sys.stdout, unavailable: type = Exception, iterations: Optional[int] = None) -> int:
+        out: TextIO = sys.stdout, unavailable: Type[BaseException] = Exception,
+        iterations: Optional[int] = None) -> int:
     """Poll ``fetch`` and redraw until interrupted; ``once`` prints one frame (exit 1 without a daemon)."""
     shown = 0
     while iterations is None or shown < iterations:

@@ -78,8 +78,10 @@ class Daemon:
     """A real `memd serve` process; stop() sends SIGTERM and waits."""
 
     def __init__(self, tmp_path, endpoint: Optional[str] = None, metrics: bool = False,
-                 env: Optional[Dict[str, str]] = None, args: Optional[List[str]] = None):
+                 env: Optional[Dict[str, str]] = None, args: Optional[List[str]] = None,
+                 keys: Optional[Dict[str, str]] = None):
         self.tmp_path = tmp_path
+        self.keys = keys or {}  # call()'s CURVE keys (server_key, client_key_file) for a CURVE daemon
         self.endpoint = endpoint or "ipc://%s/memd.sock" % tmp_path
         self.metrics_address = "127.0.0.1:%d" % free_port() if metrics else "off"
         self.state_dir = str(tmp_path / "state")
@@ -103,14 +105,14 @@ class Daemon:
             if self.proc.poll() is not None:
                 raise RuntimeError("memd exited with %s:\n%s" % (self.proc.returncode, self.log()))
             try:
-                call("ping", endpoint=self.endpoint, timeout=0.2)
+                call("ping", endpoint=self.endpoint, timeout=0.2, **self.keys)
                 return
             except DaemonUnavailable:
                 time.sleep(0.05)
         raise RuntimeError("memd did not answer within %.0f s:\n%s" % (timeout, self.log()))
 
     def call(self, op: str, **fields):
-        return call(op, endpoint=self.endpoint, timeout=2.0, **fields)
+        return call(op, endpoint=self.endpoint, timeout=2.0, **self.keys, **fields)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc is None:

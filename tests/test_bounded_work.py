@@ -14,7 +14,7 @@ def _core_with_host(tmp_path, available):
     from memd.sessions import Sessions
     from memd.state import StateStore
 
-    core = Core(config=Config(), sessions=Sessions(8, 60.0, time.monotonic, lambda s: True),
+    core = Core(config=Config(), sessions=Sessions(16, 60.0, time.monotonic, lambda s: True),
                 store=StateStore(str(tmp_path)), host="elsewhere")
     core.snapshot = Snapshot(taken_at=0.0, monotonic=0.0, host="elsewhere", memory_model=CPU,
                              system=SystemMemory(64 * GB, available, 0, 0, 0), pressure=None, cgroup=None)
@@ -83,8 +83,8 @@ def test_stale_state_temp_files_are_removed_at_start(start_memd, tmp_path):
     outside.write_text("not memd's")
     (state / ".curves.linkto00").symlink_to(outside)  # named like one, but not a file memd wrote
     os.utime(state / ".curves.linkto00", (old, old), follow_symlinks=False)
-    kept = {".curves.future00": "written after the start", ".curves.short": "x", ".curves.UPPERCAS": "x", "curves.json.corrupt": "x",
-            ".curves.": "x", "notes.curves.abcdefgh": "x"}
+    kept = {".curves.future00": "written after the start", ".curves.short": "x", ".curves.UPPERCAS": "x",
+            "curves.json.corrupt": "x", ".curves.": "x", "notes.curves.abcdefgh": "x"}
     for name, text in kept.items():
         (state / name).write_text(text)
         if name != ".curves.future00":

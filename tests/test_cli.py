@@ -49,11 +49,13 @@ def test_busy_metrics_port_names_the_flag(tmp_path):
     assert out.returncode == 2
     assert "--metrics-address" in out.stderr and "in use" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert out.stdout == ""  # only why: not what NVML said on the way (it samples after binding)
 
 
 def test_busy_endpoint_is_refused_and_left_alone(memd, tmp_path):
-    out = run_memd(["serve", "--endpoint", memd.endpoint, "--metrics-address", "off", "--state-dir", str(tmp_path / "s2")])
-    assert out.returncode == 2 and "in use" in out.stderr
+    out = run_memd(["serve", "--endpoint", memd.endpoint, "--metrics-address", "off",
+                    "--state-dir", str(tmp_path / "s2")])
+    assert out.returncode == 2 and "in use" in out.stderr and out.stdout == ""
     assert memd.call("ping")["pong"] is True  # the running daemon kept its socket
 
 
@@ -102,7 +104,8 @@ def test_sample_json_matches_proc(tmp_path):
     with open("/proc/meminfo") as f:
         mem_total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
     assert data["system"]["total_bytes"] == mem_total
-    assert set(data["system"]) == {"total_bytes", "available_bytes", "used_bytes", "swap_total_bytes", "swap_used_bytes"}
+    assert set(data["system"]) == {"total_bytes", "available_bytes", "used_bytes", "swap_total_bytes",
+                                   "swap_used_bytes"}
     assert data["memory_model"] in ("discrete", "unified", "cpu")
     if data["pressure"] is not None:
         for key in ("some_avg10", "some_avg60", "some_avg300", "full_avg10", "full_avg60", "full_avg300"):
@@ -135,7 +138,8 @@ def test_python_dash_m_and_console_script_agree():
 def test_top_shows_host_and_sessions_recommended_vs_used(memd):
     from memd import client
 
-    with client.Session("top-job", endpoint=memd.endpoint, timeout=1.0, default_batch=4, target_effective_batch=64) as s:
+    with client.Session("top-job", endpoint=memd.endpoint, timeout=1.0, default_batch=4,
+                        target_effective_batch=64) as s:
         s.plan()
         s.report(batch_size=4, peak_bytes=10 ** 9)  # the warm-up step: the plan waits for a second
         s.report(batch_size=4, peak_bytes=10 ** 9)
@@ -161,8 +165,9 @@ def test_top_render_marks_unhealthy_and_unified_gpus():
     from memd.top import render
 
     status = {"version": "0.1.0", "host": "n1", "uptime_seconds": 4000, "pressure_level": "high",
-              "snapshot": {"memory_model": "discrete", "system": {"total_bytes": 64 * 2 ** 30, "available_bytes": 16 * 2 ** 30,
-                                                                  "swap_total_bytes": 0, "swap_used_bytes": 0},
+              "snapshot": {"memory_model": "discrete",
+                           "system": {"total_bytes": 64 * 2 ** 30, "available_bytes": 16 * 2 ** 30,
+                                      "swap_total_bytes": 0, "swap_used_bytes": 0},
                            "pressure": None, "cgroup": None, "errors": [{"source": "nvml", "message": "GPU lost"}],
                            "gpus": [{"index": 0, "name": "H100", "healthy": False, "error": "GPU is lost"},
                                     {"index": 1, "name": "GB10", "healthy": True, "unified": True, "total_bytes": None},

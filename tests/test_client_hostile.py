@@ -55,7 +55,8 @@ GOOD_PLAN = {"batch_size": 8, "grad_accum_steps": 1, "effective_batch_size": 8, 
 HOSTILE = {
     "not msgpack": lambda r: [b"\xc1\xc1\xc1"],
     "not a map": lambda r: [msgpack.packb([1, 2, 3])],
-    "wrong id": lambda r: [msgpack.packb({"v": 1, "id": 999999, "ok": True, "result": {"token": "t", "plan": GOOD_PLAN}})],
+    "wrong id": lambda r: [msgpack.packb({"v": 1, "id": 999999, "ok": True,
+                                          "result": {"token": "t", "plan": GOOD_PLAN}})],
     "ok without result": lambda r: [msgpack.packb({"v": 1, "id": r.get("id"), "ok": True})],
     "token of the wrong type": lambda r: [ok(r, {"token": 5, "plan": GOOD_PLAN})],
     "plan with a negative batch": lambda r: [ok(r, {"token": "t", "plan": dict(GOOD_PLAN, batch_size=-3)})],
@@ -83,6 +84,19 @@ def test_garbage_replies_give_a_fallback_within_the_timeout(name):
             s.report_oom(batch_size=expected)
             assert time.monotonic() - started < 0.5
             expected = expected * 3 // 4  # backed off locally, as the daemon would have
+    finally:
+        s.close()
+        close()
+
+
+def test_a_reply_that_carries_no_plan_gives_a_fallback():
+    """A token but never a plan: plan() returned None here, and the training loop's plan.batch_size died."""
+    endpoint, close = reply_with(lambda r: [ok(r, {"token": "t"})])
+    s = client.Session("planless", endpoint=endpoint, timeout=0.1, default_batch=8)
+    try:
+        for _ in range(2):
+            plan = s.plan()
+            assert isinstance(plan, client.Plan) and plan.source == "fallback" and plan.batch_size == 8, plan
     finally:
         s.close()
         close()
@@ -150,7 +164,8 @@ def test_a_socket_another_user_made_where_anyone_may_is_not_trusted(tmp_path):
     with client.Session("careful", endpoint=endpoint, timeout=0.1, default_batch=8) as s:
         plan = s.plan()
         assert plan.source == "fallback" and plan.batch_size == 8
-        assert "socket directory %s belongs to uid 65534, not to this user or root: not trusted" % squatted in plan.reason
+        assert ("socket directory %s belongs to uid 65534, not to this user or root: not trusted" % squatted
+                in plan.reason)
     with pytest.raises(client.DaemonUnavailable, match="not trusted"):
         client.call("ping", endpoint=endpoint)
     private = tmp_path / "run"

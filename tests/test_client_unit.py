@@ -213,6 +213,17 @@ def test_suggest_batch_answers_at_once_whatever_the_target(monkeypatch, tmp_path
     assert answers == [32]
 
 
+@pytest.mark.parametrize("default, expected", [("big", 1), (0, 1), (-3, 1), (float("nan"), 1), (True, 1),
+                                                (None, 1), (32.0, 32), (2.5, 1)])
+def test_suggest_batch_returns_an_int_whatever_its_default(monkeypatch, tmp_path, default, expected, caplog):
+    monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/absent.sock" % tmp_path)
+    monkeypatch.setattr(client, "_process_session", None)
+    batch = client.suggest_batch(default=default, timeout=0.05)
+    assert batch == expected and type(batch) is int
+    if expected == 1:
+        assert "is not a whole number >= 1; using 1" in caplog.text
+
+
 def test_suggest_batch_never_raises(monkeypatch, tmp_path):
     monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/none.sock" % tmp_path)
     monkeypatch.setattr(client, "_process_session", None)

@@ -131,8 +131,8 @@ def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
     assert last == {"curves": [], "total": 3, "next": None}
     everything = page(store.keys(), store.recall)
     assert [c["job"] for c in everything["curves"]] == ["job2", "job3", "job4"] and everything["next"] is None
-    assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "ceiling": None, "clean_runs": 0,
-                                       "updated": everything["curves"][0]["updated"]}
+    assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "owner": None,
+                                       "ceiling": None, "clean_runs": 0, "updated": everything["curves"][0]["updated"]}
     assert isinstance(everything["curves"][0]["updated"], int)
 
 
@@ -217,12 +217,13 @@ def test_render_shows_gib_by_batch_within_80_columns():
     GiB = 2 ** 30
     points = [[b, b * GiB // 4] for b in range(1, 21)] + [[8, 2 * GiB + GiB // 50]] * 3
     text = render([{"job": "llama-ft", "pool": "gpu:NVIDIA H100 80GB HBM3:85520809984", "points": points,
-                    "ceiling": 31, "updated": 1795523039},
+                    "ceiling": 31, "updated": 1795523039, "owner": "uid:0"},
                    {"job": "only-oom", "pool": "cpu:23", "points": [], "ceiling": 7, "updated": 0, "clean_runs": 2}])
     lines = text.splitlines()
     assert lines[0] == "memd remembers 2 curves (`memd forget JOB` drops a job's)"
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     assert "  pool      gpu:NVIDIA H100 80GB HBM3:85520809984" in lines
+    assert "  owner     root (uid:0)" in lines and "  owner     unknown (kept before curves had owners)" in lines
     assert "  ceiling   31 (out of memory above it; lifted after 3 more clean runs)" in lines
     assert "  ceiling   7 (out of memory above it; lifted after 1 more clean run)" in lines
     body = " ".join(text.split())
@@ -255,3 +256,48 @@ def test_fetch_asks_page_after_page_and_refuses_a_reply_that_does_not_advance():
     replies = iter([{"curves": [{"job": "b"}], "next": ["b", "p"]}, {"curves": [{"job": "a"}], "next": ["a", "p"]}])
     with pytest.raises(DaemonUnavailable, match="did not advance"):
         fetch(lambda after: next(replies))
+
+
+def test_a_background_write_never_brings_back_what_a_forget_dropped(tmp_path):
+    """flush_soon writes on a thread of its own; a forget's flush() written before it must not
+    be overwritten by it, whatever the order they reach the disk in."""
+    store = store_with(tmp_path, ("keep", "cpu:7", [(4, 10)], None))
+    store.flush_soon()  # generation 1: "keep"
+    store.remember("gone", "cpu:7", [Observation(4, 10)], None)
+    store.flush_soon()  # generation 2: "keep" and "gone"
+    store.forget("gone")
+    assert store.flush()  # generation 3, written before it returns
+    store.close()  # every background write done
+    assert set(json.loads((tmp_path / "curves.json").read_text())["jobs"]) == {"keep|cpu:7"}
+    assert not store.dirty
+
+    assert store._write('{"version": 1, "jobs": {}}', 2) is True  # generation 2 arriving last: skipped
+    assert set(json.loads((tmp_path / "curves.json").read_text())["jobs"]) == {"keep|cpu:7"}
+
+
+def test_a_background_write_the_disk_refuses_is_tried_again(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a file where the state directory should be: every write fails
+    store = StateStore(str(blocked / "state"))
+    store.remember("j", "cpu:7", [Observation(4, 10)], None)
+    store.flush_soon()
+    store.close()
+    assert store.dirty  # kept for the next flush
+    assert store.flush() is False and store.dirty
+
+
+def test_a_user_who_fills_the_store_evicts_their_own_curves_first(tmp_path):
+    """512 junk job names from one peer once evicted every curve: the least recently used
+    curve of whoever holds the most goes first."""
+    store = StateStore(str(tmp_path), max_jobs=4)
+    store.remember("theirs", "cpu:7@uid:1000", [Observation(4, 10)], None)
+    store.remember("legacy", "cpu:7", [Observation(4, 10)], None)  # kept by an earlier memd: no owner
+    for i in range(5):
+        store.remember("junk%d" % i, "cpu:7@uid:65534", [Observation(4, 10)], None)
+    assert store.keys() == [("junk3", "cpu:7@uid:65534"), ("junk4", "cpu:7@uid:65534"),
+                            ("legacy", "cpu:7"), ("theirs", "cpu:7@uid:1000")]
+    from memd.curves import view
+
+    assert view("theirs", "cpu:7@uid:1000", store.recall("theirs", "cpu:7@uid:1000"))["owner"] == "uid:1000"
+    assert view("legacy", "cpu:7", store.recall("legacy", "cpu:7"))["owner"] is None
+    assert store.forget("junk3", "cpu:7") == ["cpu:7@uid:65534"]  # a pool names every owner in it

@@ -12,9 +12,9 @@ from memd.config import ConfigError
 from memd.notify import Notifier
 from memd.policy.fit import Observation
 from memd.state import StateStore
+from realdaemon import Daemon
 
 GB = 10 ** 9
-from realdaemon import Daemon
 
 # -- config ------------------------------------------------------------------------------------
 
@@ -46,6 +46,13 @@ def test_bad_config_names_the_key(tmp_path, toml, needle):
     with pytest.raises(ConfigError) as err:
         config.load(str(path), environ={})
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
+    path = tmp_path / "memd.toml"
+    path.write_bytes(b'interval = "\xff\xfe"\n')
+    with pytest.raises(ConfigError, match="is not UTF-8 text"):
+        config.load(str(path), environ={})
 
 
 def test_missing_config_file(tmp_path):
@@ -340,8 +347,8 @@ def test_a_session_long_at_one_batch_keeps_the_other_batch_sizes_it_saw():
     reports, it forgot 32, and the one batch size left bounded a sample at the whole process:
     it stayed at 1. The session keeps at most 64 reports, and drops repeats of the most
     reported batch size first."""
-    from memd.policy.fit import fit
     from memd.policy.controller import Limits
+    from memd.policy.fit import fit
     from memd.sessions import HISTORY, Session
 
     MiB = 2 ** 20

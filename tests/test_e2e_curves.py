@@ -2,6 +2,7 @@
 forgotten for good (a restart, even a kill, does not bring it back), and not written back by a
 session that was open when it was forgotten."""
 import json
+import os
 import signal
 import time
 
@@ -216,3 +217,31 @@ def test_a_full_store_is_shown_whole_in_pages_that_each_fit_a_message(start_memd
         sock.close(0)
         ctx.term()
     assert seen == 512 and pages > 4
+
+
+def test_another_users_job_of_the_same_name_neither_reads_nor_overwrites_a_curve(start_memd):
+    """Curves are kept per user (the uid the job's process runs as): `nobody` running a job
+    named like root's learns its own curve beside root's, and each next run starts from its
+    own. Before, one report under the name from anyone replaced the curve."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a job as another user")
+    from nobody import as_nobody
+    from realdaemon import free_port
+
+    memd = start_memd(endpoint="tcp://127.0.0.1:%d" % free_port())  # a port nobody may connect to
+
+    def run(peak_at_8):
+        with client.Session("shared-name", endpoint=memd.endpoint, timeout=1.0, default_batch=4) as s:
+            first = s.plan()
+            for batch, peak in ((4, GB), (4, GB), (8, peak_at_8)):
+                s.report(batch_size=batch, peak_bytes=peak)
+            assert wait_for(lambda: reports(memd, "shared-name") == 3)
+        assert wait_for(lambda: not memd.call("status")["sessions"])
+        return [first.batch_size, first.reason]
+
+    run(GB + 8 * 10 ** 8)  # root's run
+    assert as_nobody(lambda: run(3 * GB))[1] == "starting at 4: no reports yet"  # not root's curve
+    entries = {c["owner"]: c["points"] for c in curves(memd)}
+    assert entries == {"uid:0": [[4, GB], [8, GB + 8 * 10 ** 8]], "uid:65534": [[4, GB], [8, 3 * GB]]}, entries
+    batch, reason = run(GB + 8 * 10 ** 8)
+    assert "from earlier runs of this job" in reason and batch == 8  # its own curve, untouched

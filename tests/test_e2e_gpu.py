@@ -11,7 +11,8 @@ import pytest
 
 from memd import client
 from nobody import as_nobody
-from realdaemon import Daemon, run_memd, wait_for as _wait_for
+from realdaemon import Daemon, run_memd
+from realdaemon import wait_for as _wait_for
 
 GiB = 2 ** 30
 TWO_GPUS = """
@@ -80,8 +81,10 @@ def test_sample_shows_discrete_gpus_with_v2_numbers(fake_nvml):
     data = json.loads(out.stdout)
     assert data["memory_model"] == "discrete"
     first = data["gpus"][0]
-    assert (first["uuid"], first["name"], first["total_bytes"]) == ("GPU-11111111-aaaa", "NVIDIA H100 80GB HBM3", 80 * GiB)
-    assert (first["used_bytes"], first["reserved_bytes"], first["free_bytes"]) == (10 * GiB, GiB // 2, 80 * GiB - 10 * GiB - GiB // 2)
+    assert (first["uuid"], first["name"], first["total_bytes"]) == (
+        "GPU-11111111-aaaa", "NVIDIA H100 80GB HBM3", 80 * GiB)
+    assert (first["used_bytes"], first["reserved_bytes"], first["free_bytes"]) == (
+        10 * GiB, GiB // 2, 80 * GiB - 10 * GiB - GiB // 2)
     assert first["utilization"] == 0.4 and first["unified"] is False and first["healthy"] is True
     human = run_memd(["sample"], env=fake_nvml.env({}))
     assert "NVIDIA H100" in human.stdout
@@ -124,11 +127,11 @@ def test_a_base_above_the_reported_peaks_does_not_flatten_the_curve(gpu_memd):
     for batch in (8, 8, 8, 16, 16):  # a warm-up step, then two batch sizes
         memd.call("report", token=token, batch_size=batch, peak_bytes=2 * GiB + batch * GiB // 4, base_bytes=40 * GiB)
 
-    def planned():
+    def planned():  # decided on all five reports, on its GPU (the daemon reads the driver every 0.1 s)
         plan = memd.call("plan", token=token)["plan"]
         found = next(v for v in memd.call("status")["sessions"] if v["job"] == "based")
-        return (found, plan) if found["pool"] == "GPU-22222222-bbbb" and plan["reason"].startswith(
-            "%d fits" % plan["batch_size"]) else None
+        return (found, plan) if found["pool"] == "GPU-22222222-bbbb" and found["reports"] == 5 \
+            and plan["batch_size"] > 16 else None
 
     found = wait_for(planned)
     assert found is not None
@@ -163,7 +166,8 @@ def test_a_session_whose_gpu_is_lost_holds_its_batch(gpu_memd):
     with client.Session("lost-gpu", endpoint=memd.endpoint, timeout=1.0, default_batch=8, device="cuda:0") as s:
         s.plan()
         s.report(batch_size=8, peak_bytes=18 * GiB)
-        view = wait_for(lambda: next(v for v in memd.call("status")["sessions"] if v["job"] == "lost-gpu")["reports"] == 1
+        view = wait_for(lambda: next(v for v in memd.call("status")["sessions"]
+                                     if v["job"] == "lost-gpu")["reports"] == 1
                         and next(v for v in memd.call("status")["sessions"] if v["job"] == "lost-gpu"))
         assert view["pool"] == "GPU-22222222-bbbb"
         before = view["plan"]["batch_size"]
@@ -310,7 +314,8 @@ def test_an_out_of_memory_error_keeps_the_budget_until_the_next_report(tmp_path,
     the job reported holding. After an OOM the job's cache holds an unknown amount (here nearly
     the whole device): the budget paired before stands, and the plan is the OOM cut, not a
     collapse to what the device's last free gigabytes allow."""
-    one_gpu = "driver 550.54.15\ngpu GPU-33333333-cccc total=80GiB used={used}GiB reserved=0 name=NVIDIA H100 80GB HBM3\n"
+    one_gpu = ("driver 550.54.15\n"
+               "gpu GPU-33333333-cccc total=80GiB used={used}GiB reserved=0 name=NVIDIA H100 80GB HBM3\n")
     fake_nvml.write(one_gpu.format(used=20))
     daemon = Daemon(tmp_path, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.1"}).start()
     try:

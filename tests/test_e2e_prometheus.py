@@ -146,10 +146,12 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
             steps[0] += 1
             session.report(batch_size=8, peak_bytes=5 * GiB, step=steps[0], step_seconds=0.2)
 
-        exposed = families(urllib.request.urlopen("http://%s/metrics" % memd.metrics_address, timeout=5).read().decode())
+        exposed = families(urllib.request.urlopen("http://%s/metrics" % memd.metrics_address,
+                                                  timeout=5).read().decode())
 
         # Every dashboard query returns data, for all instances/GPUs and for one concrete GPU.
-        instance = wait_until(lambda: prom.query('up{job="memd"} == 1'), "the first scrape", deadline, train_step)[0]["metric"]["instance"]
+        up = wait_until(lambda: prom.query('up{job="memd"} == 1'), "the first scrape", deadline, train_step)
+        instance = up[0]["metric"]["instance"]
         queries = dashboard_queries({"instance": ".*", "gpu": ".*", "__rate_interval": "1m"})
         queries += [(t, e) for t, e in dashboard_queries({"instance": instance, "gpu": "GPU-22222222-bbbb",
                                                           "__rate_interval": "30s"}) if "uuid" in e or "pool=~" in e]
@@ -160,7 +162,8 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
                 prom.query(expr)  # still valid PromQL
                 needs_machine.append((title, expr))
                 continue
-            wait_until(lambda: prom.query(expr), "data for dashboard panel %r: %s" % (title, expr), deadline, train_step)
+            wait_until(lambda: prom.query(expr), "data for dashboard panel %r: %s" % (title, expr), deadline,
+                       train_step)
         assert len(needs_machine) <= 3, needs_machine
 
         # Every rule loaded and evaluates cleanly.
@@ -169,8 +172,8 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
         assert len(alerts) >= 9 and len(rules) > len(alerts)
         for name, rule in rules.items():
             prom.query(rule["query"])  # through the query API, as the issue asks
-            wait_until(lambda: prom.rules()[name]["health"] == "ok", "rule %s healthy: %s" % (name, rule.get("lastError")),
-                       deadline)
+            wait_until(lambda: prom.rules()[name]["health"] == "ok",
+                       "rule %s healthy: %s" % (name, rule.get("lastError")), deadline)
 
         # Drive: a training OOM, then a lost GPU.
         session.report_oom(batch_size=8)

@@ -1,5 +1,7 @@
 """Hostile and malformed traffic against the real daemon: every message gets an error reply
 (when it can be routed), nothing changes, and the daemon keeps answering ping."""
+import os
+import socket
 import time
 
 import msgpack
@@ -40,8 +42,10 @@ def assert_alive(exchange):
     (msgpack.packb({"v": 1, "id": 7}), protocol.INVALID),  # no op
     (msgpack.packb({"v": 1, "op": "hello", "id": 7}), protocol.INVALID),  # no job, pid, host
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": "1", "host": "h"}), protocol.INVALID),
-    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}), protocol.INVALID),
-    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "hints": [1]}), protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 0}),
+     protocol.INVALID),
+    (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "hints": [1]}),
+     protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "hello", "id": 7, "job": "j", "pid": 1, "host": "h", "min_batch": 8,
                     "target_effective_batch": 4}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "plan", "id": 7, "token": "forged"}), protocol.UNKNOWN_SESSION),
@@ -118,14 +122,15 @@ def test_status_never_reveals_tokens(raw, memd):
 
 def test_sessions_are_bounded(start_memd):
     memd = start_memd(env={"MEMD_MAX_SESSIONS": "3"})
-    tokens = [memd.call("hello", job="j%d" % i, pid=1, host="elsewhere")["token"] for i in range(3)]
+    here = dict(pid=os.getpid(), host=socket.gethostname())  # sessions of this process: it lives on
+    tokens = [memd.call("hello", job="j%d" % i, **here)["token"] for i in range(3)]
     assert len(set(tokens)) == 3
     from memd.client import DaemonUnavailable
 
     with pytest.raises(DaemonUnavailable, match="sessions"):
-        memd.call("hello", job="one-too-many", pid=1, host="elsewhere")
+        memd.call("hello", job="one-too-many", **here)
     memd.call("bye", token=tokens[0])
-    assert memd.call("hello", job="fits-again", pid=1, host="elsewhere")["token"]
+    assert memd.call("hello", job="fits-again", **here)["token"]
 
 
 def test_session_of_a_vanished_process_expires(memd):
@@ -171,9 +176,11 @@ def test_out_of_range_hello_fields_are_refused_at_once(raw, fields, name):
 
 
 def test_out_of_range_report_fields_are_refused(raw):
-    token = raw(request("hello", job="ranges", pid=1, host="elsewhere", target_effective_batch=2 ** 31 - 1))["result"]["token"]
+    hello = raw(request("hello", job="ranges", pid=1, host="elsewhere", target_effective_batch=2 ** 31 - 1))
+    token = hello["result"]["token"]
     for fields, name in (({"batch_size": HUGE}, "batch_size"), ({"batch_size": 8, "peak_bytes": HUGE}, "peak_bytes"),
-                         ({"batch_size": 8, "batch_bytes": 2 ** 51}, "batch_bytes"), ({"batch_size": 8, "step": HUGE}, "step"),
+                         ({"batch_size": 8, "batch_bytes": 2 ** 51}, "batch_bytes"),
+                         ({"batch_size": 8, "step": HUGE}, "step"),
                          ({"batch_size": 8, "step_seconds": float("nan")}, "step_seconds"),
                          ({"batch_size": 8, "step_seconds": float("inf")}, "step_seconds"),
                          ({"batch_size": 8, "peak_bytes": float("nan")}, "peak_bytes")):

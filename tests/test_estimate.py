@@ -31,7 +31,8 @@ def test_unified_per_sample_grows_with_resolution_squared_and_caps_apply():
     r = est.unified(512, "sd1", 512)  # plenty of memory: the caps decide
     assert (r.batch_size, r.initial_batch_size) == (32, 16)
     assert est.unified(120, "flux", 1024, ema=True, full_finetune=True).ema_gb == 24
-    assert est.unified(120, "flux", 1024, diff_output_preservation=True, quantization="4bit").reserved_gb == 6 + 12 + 3 + 8
+    assert est.unified(120, "flux", 1024, diff_output_preservation=True,
+                       quantization="4bit").reserved_gb == 6 + 12 + 3 + 8
 
 
 def test_discrete_initial_batch_rule():
@@ -100,7 +101,8 @@ def test_llm_zero_stages_partition_in_order():
 def test_llm_lora_trains_only_adapters():
     r = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, overhead_bytes=0, margin_bytes=0)
     assert r.fixed_bytes == pytest.approx(7e9 * 2 + 20e6 * 16)
-    q = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, base_quantization="4bit", overhead_bytes=0, margin_bytes=0)
+    q = est.llm(7e9, "adamw", "mixed", trainable_params=20e6, base_quantization="4bit", overhead_bytes=0,
+                margin_bytes=0)
     assert q.fixed_bytes == pytest.approx(7e9 * 0.5 + 20e6 * 16)
 
 
@@ -134,7 +136,8 @@ def test_gpt2_parameter_count_equals_torch_numel():
         wte = nn.Embedding(V, h)
         head = nn.Linear(h, V, bias=False)
         head.weight = wte.weight
-        model = nn.ModuleList([wte, nn.Embedding(P, h), nn.ModuleList(block(h) for _ in range(L)), nn.LayerNorm(h), head])
+        model = nn.ModuleList([wte, nn.Embedding(P, h), nn.ModuleList(block(h) for _ in range(L)), nn.LayerNorm(h),
+                               head])
         assert sum(p.numel() for p in model.parameters()) == est.gpt2_params(L, h, V, P)
 
 
@@ -211,28 +214,35 @@ def test_invalid_hints_give_no_prior(hints):
 
 # -- the command line --------------------------------------------------------------------------
 
-def _json(args):
+def _json(args, returncode=0):
     out = run_memd(["estimate"] + args + ["--json"])
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == returncode, out.stderr
     return json.loads(out.stdout)
 
 
 def test_cli_unified_examples():
     base = ["unified", "--memory-gb", "120", "--model", "qwen-image", "--resolution", "2048"]
-    data = _json(base + ["--workers", "2", "--ema"])
+    # The calculator's worked example: not one 16 GB sample fits in 9.9 GB, so exit 1 (it said so, and exited 0)
+    data = _json(base + ["--workers", "2", "--ema"], returncode=1)
     assert (data["batch_size"], data["reserved_gb"], data["available_gb"], data["per_sample_gb"]) == (1, 109, 9.9, 16)
+    assert data["fits"] is False
     data = _json(base + ["--workers", "0", "--ema", "--quantization", "8bit"])
     assert (data["batch_size"], data["reserved_gb"], data["available_gb"], data["per_sample_gb"]) == (3, 51, 62.1, 16)
     human = run_memd(["estimate"] + base + ["--workers", "2", "--ema"])
-    assert human.returncode == 0 and "109.0" in human.stdout and "9.90" in human.stdout
+    assert human.returncode == 1 and "109.0" in human.stdout and "9.90" in human.stdout
+    assert "NOT ENOUGH MEMORY for one sample" in human.stdout
 
 
 def test_cli_accum_examples():
-    for args in (["--gpu-gb", "24", "--images-per-sample", "2", "--target", "16"], ["--max-batch", "14", "--target", "16"]):
+    for args in (["--gpu-gb", "24", "--images-per-sample", "2", "--target", "16"],
+                 ["--max-batch", "14", "--target", "16"]):
         data = _json(["accum"] + args)
         assert (data["batch_size"], data["grad_accum_steps"], data["effective_batch_size"]) == (8, 2, 16)
     data = _json(["accum", "--max-batch", "5", "--target", "16", "--min-batch", "5"])
     assert data["effective_batch_size"] != 16 and data["note"]
+    # A smallest batch above the largest that fits does not fit (it recommended 100 where 24 fit)
+    out = run_memd(["estimate", "accum", "--gpu-gb", "24", "--min-batch", "100", "--target", "256"])
+    assert out.returncode == 1 and out.stdout == "--min-batch 100 does not fit: the largest batch is 24\n"
 
 
 def test_cli_transformer_and_llm():
@@ -241,6 +251,11 @@ def test_cli_transformer_and_llm():
     assert data["params"] == 124_439_808
     assert data["peak_bytes"] == est.transformer(12, 768, 12, 50257, 1024, 1024, 8, device="cuda").peak_bytes
     assert set(data["by_precision"]) == {"fp32", "mixed"}
+    bf16 = run_memd(["estimate", "transformer", "--layers", "12", "--d-model", "768", "--heads", "12", "--vocab",
+                     "50257", "--seq-len", "1024", "--batch", "8", "--precision", "bf16"])
+    header = bf16.stdout.splitlines()[1].split()
+    assert bf16.returncode == 0 and header == ["GB", "fp32", "mixed", "bf16"]  # the precision asked for is shown
+    assert _json(["llm", "--params", "8.03B", "--gpu-gb", "16"], returncode=1)["fixed_gb"] > 16  # does not fit
     data = _json(["llm", "--params", "8.03B", "--precision", "bf16", "--per-sample-gb", "1", "--gpu-gb", "80"])
     assert data["max_batch"] == 11 and data["fixed_gb"] == pytest.approx(68.24)
 
@@ -253,7 +268,8 @@ def test_cli_transformer_and_llm():
     ["accum", "--target", "16"],
     ["llm", "--params", "8B", "--optimizer", "rmsprop"],
     ["llm", "--params", "eight"],
-    ["transformer", "--layers", "2", "--d-model", "100", "--heads", "3", "--vocab", "10", "--seq-len", "8", "--batch", "1"],
+    ["transformer", "--layers", "2", "--d-model", "100", "--heads", "3", "--vocab", "10", "--seq-len", "8",
+     "--batch", "1"],
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args):
     out = run_memd(["estimate"] + args)
@@ -278,7 +294,8 @@ def test_more_trainable_parameters_than_the_model_has_is_an_error():
     """`estimate llm --lora-params 9B --params 8B` printed a table; LoRA trains part of a model."""
     from memd.policy.estimate import EstimateError, llm
 
-    with pytest.raises(EstimateError, match=r"trainable parameters \(9.00B\) cannot exceed the model's parameters \(8.00B\)"):
+    with pytest.raises(EstimateError,
+                       match=r"trainable parameters \(9.00B\) cannot exceed the model's parameters \(8.00B\)"):
         llm(8e9, trainable_params=9e9)
     assert llm(8e9, trainable_params=20e6).params == 8e9
     out = run_memd(["estimate", "llm", "--lora-params", "9B", "--params", "8B"])

@@ -1,12 +1,13 @@
 """One job identity, known at hello and used both to look a learned curve up and to save it:
 the job's own cgroup (read at hello from a fixture /proc) and the GPU it names. No daemon."""
+import dataclasses
 import os
 
 from memd import ops
 from memd.config import Config, PolicyConfig
 from memd.core import Core
 from memd.planner import identify, plan_session
-from memd.policy.controller import Limits
+from memd.policy.controller import ControlState, Limits
 from memd.policy.fit import Observation
 from memd.sampling.snapshot import CPU, DISCRETE, Gpu, GpuProcess, JobMemory, ProcessMemory, Snapshot, SystemMemory
 from memd.sessions import Session, Sessions
@@ -178,11 +179,13 @@ def test_an_oom_ceiling_is_re_tried_after_three_clean_runs_held_at_it(tmp_path):
     """Run 1 runs out of memory above 64: its ceiling, one below, is remembered. Runs 2-4 start
     at the batch they ran, grow back to the ceiling and go clean there: each is counted (memd curves shows
     it). After the third the ceiling is lifted, and run 5 grows past 63 to what its curve
-    allows. Not local (no /proc entry): the job's own reports are all the daemon sees."""
-    core = host_core(tmp_path, str(tmp_path / "noproc"))
+    allows. Its peaks are reported (a fixture /proc, a job read of 1 GB)."""
+    (tmp_path / "proc" / str(PID)).mkdir(parents=True)
+    core = host_core(tmp_path, str(tmp_path / "proc"))
+    core.jobs = {PID: JobMemory(PID, (ProcessMemory(PID, 1, "python", GB, GB, GB),), None, (), 0.0)}
 
     def run_job(steps, oom_at=None):
-        reply = ops.hello(core, dict(job="ft", pid=PID, host="there"))
+        reply = ops.hello(core, dict(job="ft", pid=PID, host="here"))
         token, plan, batches = reply["token"], reply["plan"], []
         for _ in range(steps):
             batch = plan["batch_size"]
@@ -192,8 +195,12 @@ def test_an_oom_ceiling_is_re_tried_after_three_clean_runs_held_at_it(tmp_path):
                 oom_at = None
                 continue
             plan = ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": GB + batch * 50 * MB})["plan"]
+            # a sample of the machine each step (a step that went as planned is decided on at the next one)
+            core.snapshot = dataclasses.replace(core.snapshot, monotonic=core.snapshot.monotonic + 1)
+        key = core.sessions.get(token).pool_key
         ops.bye(core, {"token": token})
-        return batches, core.store.recall("ft", "cpu:59")
+        assert key == "cpu:59@uid:%d" % os.stat(tmp_path / "proc" / str(PID)).st_uid  # its pool, its owner
+        return batches, core.store.recall("ft", key)
 
     batches, memory = run_job(40, oom_at=64)
     ceiling = next(b for b in batches if b >= 64) - 1
@@ -205,3 +212,29 @@ def test_an_oom_ceiling_is_re_tried_after_three_clean_runs_held_at_it(tmp_path):
     assert max(batches) == ceiling and memory.ceiling is None and memory.clean_runs == 0  # lifted
     batches, memory = run_job(60)
     assert max(batches) > ceiling, batches  # the curve's room (about 1100 in 60 GB) is tried again
+
+
+def test_a_job_at_its_planned_peak_in_its_own_cgroup_is_not_critical(tmp_path):
+    """A plan takes the job's cgroup to its margin (1 %) at a step's peak: a read there (1.2 % free)
+    is the plan working, not critical pressure (which cut a job at its plan by a quarter, again
+    and again); below half the margin (0.4 % free) the group is fuller than planned: critical."""
+    from memd.sampling.snapshot import Cgroup
+
+    limit = 8 * 2 ** 30
+
+    def plan_at(free_share):
+        s = session(limits=Limits(default_batch=9000))
+        s.observations = [Observation(b, int(0.35 * GB + b * 0.8 * MB)) for b in (4000, 4000, 8000, 8000, 9000, 9000)]
+        s.state = ControlState(batch=9000)
+        s.latest_peak, s.latest_batch = s.observations[-1].peak_bytes, 9000
+        usage = int(limit * (1 - free_share))
+        job = JobMemory(PID, (ProcessMemory(PID, 1, "python", usage, usage, usage),), Cgroup(1, "/j", limit, usage),
+                        (), 0.0, trainer_rss_bytes=usage)
+        snap = Snapshot(taken_at=0.0, monotonic=0.0, host="h", memory_model="cpu",
+                        system=SystemMemory(64 * GB, 60 * GB, 4 * GB, 0, 0), pressure=None, cgroup=None)
+        return plan_session(s, snap, "ok", [s], {PID: job}, CFG).plan
+
+    at_peak = plan_at(0.012)
+    assert at_peak.pressure == "ok" and "critical" not in at_peak.reason, at_peak
+    fuller = plan_at(0.004)
+    assert fuller.pressure == "critical" and fuller.throttle and fuller.batch_size < 9000, fuller

@@ -6,8 +6,7 @@ from memd.policy.budget import Pool, fair_share, find_gpu, host_pool
 from memd.policy.controller import ControlState, Limits, WorkerFacts, after_oom, after_report, decide
 from memd.policy.fit import Curve, Observation, Prior, fit
 from memd.policy.pressure import PressureState, Signals, host_signals, next_state, raw_level
-from memd.sampling.snapshot import JobMemory
-from memd.sampling.snapshot import Cgroup, Gpu, GpuProcess, Pressure, Snapshot, SystemMemory
+from memd.sampling.snapshot import Cgroup, Gpu, GpuProcess, JobMemory, Pressure, Snapshot, SystemMemory
 
 GB = 10 ** 9
 CFG = PolicyConfig()

@@ -142,12 +142,14 @@ def test_a_batch_that_stopped_fitting_is_not_tried_again_while_the_pool_stands()
     """The GPT job's peaks straddle its budget, and its plans went 40 36 39 37 35 40 37 35 ...:
     each return to the edge was another chance of a kill, and each change cost memory. Once the
     job's steps at 40 say it stops fitting (in a pool where that is a kill), the plan moves down
-    and stays; when the pool itself grows, it may grow again. A dip in the budget before any step at the batch is no evidence."""
+    and stays; when the pool itself grows, it may grow again. A dip in the budget before any step
+    at the batch is no evidence."""
     from memd.policy.budget import Pool
 
     budget = 330 * MiB + 18 * MiB * 38
 
-    def step(state, fits, grown=0.0, reported=None, kills=True):  # a curve under which ``fits`` is the largest that fits
+    # A curve under which ``fits`` is the largest that fits.
+    def step(state, fits, grown=0.0, reported=None, kills=True):
         curve = Curve(330 * MiB, (budget - 330 * MiB) / (fits + 0.5), "fit", 5, 1.0, kills=kills)
         decision = decide(curve, Pool("host", "cpu", GiB, int(budget * (1 + grown)), None, 0), Limits(), state,
                           "ok", CFG, latest_batch=state.batch if reported is None else reported)
@@ -237,7 +239,8 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     # 630 + 1.4 b allows 998; one worker at 622 leaves 1406 MiB (554 >= 998 / 2), two 784 (110).
     # The batch goes beside the two that still live until the loader lets one go.
     first = plan(facts)
-    assert first.batch_size == 110 and first.num_workers == 1 and "1 of the 4 workers asked for, at 0.61 GiB each, beside the batch" in first.reason, first.reason
+    assert first.batch_size == 110 and first.num_workers == 1, first.reason
+    assert "1 of the 4 workers asked for, at 0.61 GiB each, beside the batch" in first.reason, first.reason
     # A loader that follows the plan (its reports say which workers it ran, loader_workers: MemdLoader) shuts
     # the second down before the first batch of this plan: the batch goes beside the one kept.
     assert plan(replace(facts, follows=True)).batch_size == 256 and plan(replace(facts, follows=True)).num_workers == 1
@@ -410,7 +413,8 @@ def test_workers_that_level_off_cost_their_level_and_fresh_ones_inherit_it():
         costs = [(at, read(at, workers).cost) for at, workers in reads]
         for at, cost in costs:  # from the third read on (two give a rate), within a read's noise
             later = [max(uss for _, uss, _ in workers) for t, workers in reads if at + 29 <= t <= at + 31]
-            assert not later or at < 8 or cost + batch * 32 * 1024 >= 0.98 * later[0] * MiB, (name, at, cost // MiB, later)
+            assert not later or at < 8 or cost + batch * 32 * 1024 >= 0.98 * later[0] * MiB, (
+                name, at, cost // MiB, later)
         settled = [cost for at, cost in costs if at > costs[-1][0] / 2]
         assert 0.98 * level * MiB <= min(settled) and max(settled) <= 1.05 * level * MiB, name  # not the 0.6 GiB
         fresh = read(costs[-1][0] + 2, [(0.1, 45, anon)] * 2, first_pid=20)  # a rebuilt loader's new workers

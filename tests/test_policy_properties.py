@@ -5,7 +5,7 @@ control states and pressure levels, each checked against what a training loop re
 """
 from typing import Optional
 
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from memd.client.plan import split_batch
@@ -112,6 +112,9 @@ def test_split_batch_keeps_target_and_limits(limit, target, min_batch):
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 40 * GB), st.integers(10 ** 6, 2 * GB),
        st.lists(st.integers(1, 256), min_size=1, max_size=12), st.floats(0, 0.02))
+# Found at random: the line near the largest batches fell, left of them, at the slope of all the
+# batch sizes (3 % above the truth) and passed under batch 1's reports.
+@example(9307258, 1000000, [1, 1, 141, 93, 131, 1, 1, 1, 165], 0.015625)
 def test_fitted_curve_bounds_the_truth_and_the_reports(fixed, per_sample, batches, noise):
     """Within the noise the fit assumes, the prediction lies on or above the true curve and on or
     above what was reported (a report's own noise above it is the controller's margin's job)."""

@@ -59,7 +59,8 @@ def test_every_alert_says_what_to_do():
             for rule in group["rules"]:
                 if "alert" in rule:
                     assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
-                    assert rule["annotations"]["summary"] and len(rule["annotations"]["description"]) > 80, rule["alert"]
+                    annotations = rule["annotations"]
+                    assert annotations["summary"] and len(annotations["description"]) > 80, rule["alert"]
 
 
 def test_example_config_is_valid():
@@ -82,7 +83,8 @@ def test_live_metrics_pass_promtool_check_metrics(tmp_path, fake_nvml):
                 if "memd_session_peak_bytes{" in text or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
-        out = subprocess.run([promtool_path, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        out = subprocess.run([promtool_path, "check", "metrics"], input=text, capture_output=True, text=True,
+                             timeout=60)
         assert out.returncode == 0 and out.stdout + out.stderr == "", out.stdout + out.stderr
         live = families(text)
         assert 'memd_session_ooms_total{' in text and 'parent_uuid="GPU-22222222-bbbb"' in text

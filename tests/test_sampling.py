@@ -1,7 +1,7 @@
 """Sampling against fixture /proc and cgroup trees, and against real processes and cgroups."""
 import json
-import signal
 import os
+import signal
 import subprocess
 import sys
 import time

@@ -19,7 +19,8 @@ def _buggy(exc):
 @pytest.fixture
 def server():
     now = [0.0]
-    dispatch = {"ping": _buggy(ZeroDivisionError("division by zero")), "plan": _buggy(ValueError("a bug, not a bad field")),
+    dispatch = {"ping": _buggy(ZeroDivisionError("division by zero")),
+                "plan": _buggy(ValueError("a bug, not a bad field")),
                 "hello": _buggy(Invalid("pid must be an integer, not str"))}
     srv = Server("ipc:///nowhere", dispatch, throttle=Throttle(interval=60.0, clock=lambda: now[0]))
     srv.now = now

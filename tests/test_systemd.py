@@ -66,13 +66,15 @@ def test_sysusers_and_tmpfiles_apply(tmp_path):
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "passwd").write_text("")
     (tmp_path / "etc" / "group").write_text("")
-    out = subprocess.run(["systemd-sysusers", "--root", str(tmp_path), os.path.join(ROOT, "systemd", "memd.sysusers.conf")],
+    out = subprocess.run(["systemd-sysusers", "--root", str(tmp_path),
+                          os.path.join(ROOT, "systemd", "memd.sysusers.conf")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert re.search(r"^memd:x:\d+:", (tmp_path / "etc" / "group").read_text(), re.M)
     assert re.search(r"^memd:x:\d+:\d+:.*:/usr/sbin/nologin$", (tmp_path / "etc" / "passwd").read_text(), re.M)
     out = subprocess.run(["systemd-tmpfiles", "--root", str(tmp_path), "--create",
-                          os.path.join(ROOT, "systemd", "memd.tmpfiles.conf")], capture_output=True, text=True, timeout=60)
+                          os.path.join(ROOT, "systemd", "memd.tmpfiles.conf")],
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "etc" / "memd").is_dir()
 

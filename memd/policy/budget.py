@@ -18,8 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
 from memd.config import PolicyConfig
-from memd.sampling.snapshot import JobMemory
-from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, Snapshot
+from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, JobMemory, Snapshot
 
 HOST = "host"
 
@@ -97,7 +96,7 @@ def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Opt
     if device_uuid:
         want = _bare_uuid(device_uuid)
         for gpu in healthy:
-            if _bare_uuid(gpu.uuid) == want:
+            if gpu.uuid is not None and _bare_uuid(gpu.uuid) == want:
                 return gpu
     index = _cuda_index(device)
     if index is not None and visible:
@@ -107,7 +106,7 @@ def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Opt
             for gpu in healthy:
                 if _digits(entry) and gpu.index == int(entry) and gpu.mig_parent_uuid is None:
                     return gpu
-                if not _digits(entry) and _bare_uuid(gpu.uuid).startswith(_bare_uuid(entry)):
+                if not _digits(entry) and gpu.uuid is not None and _bare_uuid(gpu.uuid).startswith(_bare_uuid(entry)):
                     return gpu
     pid_set = set(pids)
     for gpu in healthy:
@@ -121,8 +120,8 @@ def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Opt
 
 
 def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[Pool]:
-    if gpu.total_bytes is None or gpu.used_bytes is None or not gpu.healthy:
-        return None
+    if gpu.total_bytes is None or gpu.used_bytes is None or not gpu.healthy or gpu.uuid is None:
+        return None  # a healthy GPU has its uuid: NVML gave it before its memory
     free = gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes - gpu.used_bytes
     own = None
     if job is not None:

@@ -96,6 +96,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     batch since a change (fit.Observation.settling). ``budget_bytes``: the budget to keep instead
     of the pool's, when what the job holds is unknown and the pool's free memory cannot be paired
     with it."""
+    budget: Optional[int]
     if budget_bytes is not None:
         budget = budget_bytes
     else:
@@ -151,16 +152,16 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     elif steps > 1 or batch != limit:
         reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
 
-    workers, prefetch, worker_note = _workers(limits, workers or WorkerFacts(), pool, level, host_total_bytes,
-                                              host_free_bytes, cfg, kept)
+    num_workers, prefetch, worker_note = _workers(limits, workers or WorkerFacts(), pool, level, host_total_bytes,
+                                                  host_free_bytes, cfg, kept)
     if worker_note:
         reason += "; " + worker_note
     plan = Plan(
         batch_size=batch,
         grad_accum_steps=steps,
         effective_batch_size=batch * steps,
-        num_workers=workers,
-        prefetch_factor=prefetch if workers > 0 else None,
+        num_workers=num_workers,
+        prefetch_factor=prefetch if num_workers > 0 else None,
         throttle=level == "critical",
         pressure=level,
         reason=reason,
@@ -174,7 +175,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
             cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig, clear: Optional[int] = None,
-            spread: float = 0.0):
+            spread: float = 0.0) -> Tuple[int, str, Optional[Tuple[int, int, int]]]:
     """Fewer, surer changes of batch: each costs the job memory and a DataLoader rebuild, and a
     run of small moves raised a real job's peaks by up to 10 % (the first step at a new size runs
     low, the next ones high). Growth waits for a second report at the batch and must gain min_gain.
@@ -221,7 +222,7 @@ def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> i
 
 
 def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, current: Optional[int],
-                 latest_peak: Optional[int], latest_batch: Optional[int], cfg: PolicyConfig):
+                 latest_peak: Optional[int], latest_batch: Optional[int], cfg: PolicyConfig) -> Tuple[int, str]:
     """(limit, reason) from the curve and the budget alone."""
     start = limits.default_batch or limits.target or limits.min_batch
     if limits.max_batch is not None:
@@ -246,8 +247,9 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     if curve.source == "prior" and curve.batch_sizes == 0:
         # Only a prior: start no higher than the job's default, or half what the prior allows.
         first = min(start, fits) if limits.default_batch else max(limits.min_batch, fits // 2)
-        return max(first, 1), "starting at %d from the prior estimate (%.1f GiB fixed + %.2f GiB/sample, budget %.1f GiB)" % (
-            max(first, 1), curve.fixed_bytes / GiB, curve.per_sample_bytes / GiB, budget / GiB)
+        return max(first, 1), (
+            "starting at %d from the prior estimate (%.1f GiB fixed + %.2f GiB/sample, budget %.1f GiB)"
+            % (max(first, 1), curve.fixed_bytes / GiB, curve.per_sample_bytes / GiB, budget / GiB))
     anchor = latest_batch or current or start
     if curve.source == "prior" and fits > anchor * cfg.max_growth:
         return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
@@ -263,8 +265,9 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         why = "per-sample cost not yet certain: confidence %.2f" % curve.confidence if curve.confidence < SURE else \
             "an overshoot here is a kill: at most %gx the largest batch seen" % cfg.max_growth
         return grow, "ramping %d -> %d toward %d (%s)" % (anchor, grow, fits, why)
-    seen = [b for b, _ in curve.observed]
-    narrow = curve.source == "bound" or (curve.source == "fit" and curve.confidence < SURE and max(seen) < 2 * min(seen))
+    batches = [b for b, _ in curve.observed]
+    narrow = curve.source == "bound" or (
+        curve.source == "fit" and curve.confidence < SURE and max(batches) < 2 * min(batches))
     if (narrow and fits <= anchor and latest_peak and latest_batch
             and budget - latest_peak >= 0.5 * latest_peak / latest_batch and anchor // 2 >= limits.min_batch):
         # No provable room, yet room left, and the batches seen are too close together to tell
@@ -276,7 +279,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     peak = curve.peak(max(fits, 1))
     seen = dict(curve.observed).get(fits)
     if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line
-        return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (fits, seen / GiB, budget / GiB)
+        return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (
+            fits, seen / GiB, budget / GiB)
     return fits, "%d fits: predicted peak %.2f GiB of a %.2f GiB budget (%s from %d batch size%s)" % (
         fits, peak / GiB, budget / GiB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 
@@ -331,7 +335,8 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],
-             host_available: Optional[int], cfg: PolicyConfig, kept: Optional[int] = None):
+             host_available: Optional[int], cfg: PolicyConfig,
+             kept: Optional[int] = None) -> Tuple[int, Optional[int], str]:
     """(num_workers, prefetch_factor, note). What the job asked for (a hint, Session(num_workers)),
     else the DataLoader's suggestion: as many as the CPUs it may use. Memory and pressure only cut
     from there, and the cut goes when they allow. ``kept``: the count decided with the batch in a
@@ -340,7 +345,7 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
     prefetch = limits.prefetch_factor or 2
     note = ""
     per_worker = _per_worker(facts)
-    if kept is not None:  # a pool shared with the batch: decided with it (_beside_workers)
+    if kept is not None and per_worker is not None:  # a pool shared with the batch: decided with it (_beside_workers)
         if kept < wanted:
             note = "%d of the %d workers asked for, at %.2f GiB each, beside the batch; prefetch 1" % (
                 kept, wanted, (per_worker + (facts.batch_bytes or 0)) / GiB)

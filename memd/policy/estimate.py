@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from memd.client.plan import split_batch
 from memd.policy.fit import Prior
@@ -184,7 +184,8 @@ def optimizer_name(name: str) -> str:
 
 
 def precision_name(name: str) -> str:
-    key = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "amp": "mixed"}.get(str(name).lower(), str(name).lower())
+    lower = str(name).lower()
+    key = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "amp": "mixed"}.get(lower, lower)
     if key not in PRECISIONS:
         raise EstimateError("unknown precision %r (one of %s)" % (name, ", ".join(PRECISIONS)))
     return key
@@ -408,7 +409,7 @@ def prior_from_hints(hints: Any) -> Optional[Prior]:
 
 
 def _arch_line(hints: Mapping[str, Any]) -> Tuple[TransformerEstimate, int, int]:
-    kwargs = {key: _int_hint(hints, key) for key in ARCH_KEYS}
+    kwargs: Dict[str, Any] = {key: _int_hint(hints, key) for key in ARCH_KEYS}
     if "positions" in hints:
         kwargs["positions"] = _int_hint(hints, "positions")
     kwargs["precision"] = str(hints.get("precision", hints.get("dtype", "fp32")))
@@ -430,9 +431,9 @@ def transformer_line(layers: int, d_model: int, heads: int, vocab: int, seq_len:
     bounds it from above: a slope read at small batches (where the optimizer step or the weights
     dominate) can be a fraction of the true growth and would promise batches that do not fit.
     """
-    kwargs = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, seq_len=seq_len,
-                  positions=positions or seq_len, precision=precision, optimizer=optimizer,
-                  checkpointing=checkpointing, attention=attention, device=device)
+    kwargs: Dict[str, Any] = dict(layers=layers, d_model=d_model, heads=heads, vocab=vocab, seq_len=seq_len,
+                                  positions=positions or seq_len, precision=precision, optimizer=optimizer,
+                                  checkpointing=checkpointing, attention=attention, device=device)
     one = transformer(batch=1, **kwargs)
     far = 1 << 20
     growth = transformer(batch=2 * far, **kwargs).peak_bytes - transformer(batch=far, **kwargs).peak_bytes
@@ -442,7 +443,7 @@ def transformer_line(layers: int, d_model: int, heads: int, vocab: int, seq_len:
 
 
 def _llm_prior(hints: Mapping[str, Any]) -> Prior:
-    kwargs = {"params": _number("params", hints["params"])}
+    kwargs: Dict[str, Any] = {"params": _number("params", hints["params"])}
     for key in ("optimizer", "precision"):
         if key in hints:
             kwargs[key] = str(hints[key])
@@ -452,7 +453,7 @@ def _llm_prior(hints: Mapping[str, Any]) -> Prior:
         if key in hints:
             kwargs[key] = _int_hint(hints, key)
     est = llm(overhead_bytes=0, margin_bytes=0, **kwargs)
-    per_sample = hints.get("per_sample_bytes")
+    per_sample: Any = hints.get("per_sample_bytes")  # a hint: _positive checks it below
     if per_sample is None and all(key in hints for key in ARCH_KEYS):
         # The same precision as the fixed part: llm's default (mixed) unless the hints say.
         per_sample = _arch_line(dict(hints, precision=kwargs.get("precision", "mixed")))[2]

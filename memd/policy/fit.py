@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 NOISE = 0.02  # assumed relative noise of one peak report before the job shows its own
 Z = 2.0  # standard errors of the fitted line added to the prediction
@@ -62,7 +62,7 @@ class Observation:
 class Curve:
     fixed_bytes: float
     per_sample_bytes: float
-    source: str  # "prior", "bound" (one batch size seen), "fit" (two or more)
+    source: str  # "prior", "bound" (one batch size seen), "fit" (two or more); "remembered" (planner.curve_for)
     batch_sizes: int  # distinct batch sizes observed
     confidence: float  # 0..1: grows with distinct batch sizes and their spread
     # (batch, highest credible report) per observed batch size, ascending: what was seen beats
@@ -74,9 +74,10 @@ class Curve:
     # band stays at its narrowest, so the prediction never falls as the batch grows.
     band: Tuple[float, int, float, float] = (0.0, 1, 0.0, 0.0)
     cap: Optional[Tuple[float, float]] = None  # (fixed, per_sample) of a line known to lie above
-    # (batch, per_sample): a line drawn near the largest batch (SPAN) falls, left of the batch
-    # sizes it was drawn through, no faster than the line through all of them.
-    left: Optional[Tuple[int, float]] = None
+    # (batch, fixed, per_sample): a line drawn near the largest batch (SPAN) falls, left of the
+    # batch sizes it was drawn through, no faster than the line through all of them, nor below
+    # it (up to its own value at the first of them).
+    left: Optional[Tuple[int, float, float]] = None
     # An overshoot is a kill (host RAM, unified memory), not a catchable error: a peak seen at a
     # batch, or at a smaller one, is a floor for the prediction there, never forgiven as a spike.
     kills: bool = False
@@ -86,7 +87,12 @@ class Curve:
         wider = zs * math.sqrt(1 / n + (max(0.0, batch - mean) ** 2 / sxx if sxx else 0.0)) if zs else 0.0
         line = self.fixed_bytes + self.per_sample_bytes * batch + wider
         if self.left is not None and batch < self.left[0]:
-            line = max(line, self.line(self.left[0]) - self.left[1] * (self.left[0] - batch))
+            start, fixed, per_sample = self.left
+            at_start = self.line(start)
+            # Falling from the window's first batch at the slope of all the batch sizes can pass
+            # below the reports of the small ones when that slope is steeper than their truth (a
+            # slope 3 % high, 92 samples left: 0.1 % under a batch of one's median report).
+            line = max(line, min(at_start, max(at_start - per_sample * (start - batch), fixed + per_sample * batch)))
         return line if self.cap is None else min(line, self.cap[0] + self.cap[1] * batch)
 
     def peak(self, batch: int) -> float:
@@ -116,7 +122,7 @@ class Curve:
 LARGEST = 1 << 20  # no batch is larger
 
 
-def largest(ok) -> int:
+def largest(ok: Callable[[int], bool]) -> int:
     """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails)."""
     if not ok(1):
         return 0
@@ -210,7 +216,7 @@ def _without_isolated_spike(peaks: List[int]) -> List[int]:
     return kept if len(kept) >= len(peaks) - allowed else peaks
 
 
-def _without_spiked_batch(points, noise: float = NOISE):
+def _without_spiked_batch(points: List[Point], noise: float = NOISE) -> List[Point]:
     """Drop one batch size whose only report stands far above the line the others draw.
 
     A lone report cannot be checked against its own batch size; against four or more others it
@@ -242,7 +248,7 @@ def _without_spiked_batch(points, noise: float = NOISE):
     return points if worst is None else points[:worst] + points[worst + 1:]
 
 
-def _ols(xs, ys):
+def _ols(xs: Sequence[float], ys: Sequence[float]) -> Optional[Tuple[float, float]]:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
@@ -286,7 +292,7 @@ def _near_the_largest(points: List[Point], base: Optional[float], spread: float,
     near = [p for p in points if p.batch * LOCAL >= points[-1].batch]
     if len(near) < 3 or len(near) == len(points) or near[0].batch * SPAN > near[-1].batch:
         return every
-    return replace(_line(near, base, spread, high), left=(near[0].batch, every.per_sample_bytes))
+    return replace(_line(near, base, spread, high), left=(near[0].batch, every.fixed_bytes, every.per_sample_bytes))
 
 
 def _line(points: List[Point], base: Optional[float], spread: float, high: float = HIGH) -> Curve:
@@ -309,7 +315,10 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
     confidence = slope / (slope + Z * se) if slope + Z * se > 0 else 1.0  # 1 when the data pin the slope down
-    middle = lambda x: my + slope * (x - mx)  # noqa: E731
+
+    def middle(x: float) -> float:
+        return my + slope * (x - mx)
+
     # Headroom of one step over the middle line: the ``high`` quantile of the reports' excess
     # (the 90th, ignoring rare spikes, where an overshoot can be caught; the highest where it
     # kills), and never less than the spread assumed (assumed_spread). Measured where planning

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 from memd.client.plan import PRESSURE_LEVELS
-
 from memd.config import PolicyConfig
 from memd.policy.budget import bounded_by, container_cgroup
 from memd.sampling.snapshot import Snapshot

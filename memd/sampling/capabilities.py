@@ -83,8 +83,9 @@ def check_platform(etc_root: str = "/etc") -> Capability:
     machine = "%s %s" % (_platform.system(), _platform.machine())
     if platform.is_apple_silicon():
         level = platform.apple_pressure_level()
-        return Capability("platform", level is not None, "%s: Apple Silicon, unified memory; pressure level %s"
-                          % (machine, level if level is not None else "unreadable (sysctl kern.memorystatus_vm_pressure_level)"))
+        shown = level if level is not None else "unreadable (sysctl kern.memorystatus_vm_pressure_level)"
+        return Capability("platform", level is not None,
+                          "%s: Apple Silicon, unified memory; pressure level %s" % (machine, shown))
     if platform.is_tegra(etc_root):
         return Capability("platform", True, "%s: NVIDIA Tegra/Jetson (/etc/nv_tegra_release), unified memory" % machine)
     return Capability("platform", True, machine)
@@ -166,7 +167,8 @@ def check_socket_dir(socket_path: str) -> Capability:
         parent = os.path.dirname(directory) or "."
         if os.access(parent, os.W_OK | os.X_OK):
             return Capability("socket", True, "%s does not exist yet; `memd serve` will create it" % directory)
-        return Capability("socket", False, "%s does not exist and %s is not writable: choose --endpoint" % (directory, parent))
+        return Capability("socket", False,
+                          "%s does not exist and %s is not writable: choose --endpoint" % (directory, parent))
     if os.access(directory, os.W_OK | os.X_OK):
         return Capability("socket", True, "%s is writable; no daemon socket there now" % directory)
     return Capability("socket", False, "%s is not writable by uid %d: join the group that owns it, or choose --endpoint"

@@ -365,7 +365,7 @@ class Nvml:
                 log.info("nvml_function_missing", function=name)
         raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 
-    def _reading(self, what: str, uuid: str, errors: Errors, fn: Callable[..., Any],
+    def _reading(self, what: str, uuid: Optional[str], errors: Errors, fn: Callable[..., Any],
                  *args: Any) -> Any:
         """A secondary reading: None when the device cannot give it (logged once) or it failed
         (an error entry); GPU lost and driver errors propagate to spoil the device."""
@@ -392,5 +392,5 @@ def _classify(memory: Optional[Memory], name: str,
     """
     if memory is None or not memory[0]:
         return True, _NO_MEMORY
-    fits_host = bool(host_total) and memory[0] <= host_total * (1 + HOST_MATCH_TOLERANCE)
+    fits_host = bool(host_total and memory[0] <= host_total * (1 + HOST_MATCH_TOLERANCE))
     return fits_host and INTEGRATED_NAME.search(name) is not None, memory

@@ -138,6 +138,14 @@ def process_start_time(pid: int, proc_root: str = "/proc") -> Optional[int]:
         return None
 
 
+def process_owner(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """The uid that owns a process (its /proc entry's owner: the effective uid), None when gone."""
+    try:
+        return os.stat(os.path.join(proc_root, str(pid))).st_uid
+    except OSError:
+        return None
+
+
 def pid_namespace(pid: object = "self", proc_root: str = "/proc") -> Optional[int]:
     """The inode of a process's pid namespace (/proc/PID/ns/pid), None when unreadable: two
     processes mean the same process by a pid only when this is the same for both."""

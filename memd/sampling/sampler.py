@@ -11,7 +11,7 @@ import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import cgroup, platform, procs, system
-from .snapshot import Gpu, JobMemory, Snapshot
+from .snapshot import Gpu, JobMemory, Snapshot, SystemMemory
 
 Errors = List[Tuple[str, str]]
 PAIR_READS, PAIR_GAP = 3, 0.01  # (cgroup usage, trainer RSS) pairs per job read, seconds apart
@@ -36,7 +36,7 @@ class Sampler:
         self.tegra = platform.is_tegra(etc_root)
         self.apple_silicon = platform.is_apple_silicon() if apple_silicon is None else apple_silicon
         self.sysctl = sysctl
-        self._last_system = None
+        self._last_system: Optional[SystemMemory] = None
 
     def sample(self, pid: Optional[int] = None) -> Snapshot:
         """A snapshot now; with ``pid``, also that process tree (as ``processes``)."""
@@ -120,7 +120,7 @@ class Sampler:
         _, cg, rss = pairs[len(pairs) // 2]
         return cg, rss
 
-    def _system(self, errors: Errors):
+    def _system(self, errors: Errors) -> SystemMemory:
         try:
             if sys.platform.startswith("linux"):
                 self._last_system = system.read_meminfo(self.proc_root)

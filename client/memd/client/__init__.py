@@ -25,11 +25,11 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Deque, Dict, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 
 import zmq
 
-from . import protocol
+from . import curve, protocol
 from .heap import StepTrimmer, steady_heap, trim_heap
 from .plan import Plan, fallback_plan, split_batch, within_limits
 
@@ -67,9 +67,16 @@ class Session:
     child's copy starts over, lazily, as a session of its own). Everything the daemon said is
     cached, so ``plan()`` costs a dictionary look-up while the last plan is fresh. Only the
     constructor raises: on limits that are not counts, contradict each other or lie beyond
-    docs/protocol.md's ranges (found before training starts); nothing a training loop hands a
-    method later makes it raise.
+    docs/protocol.md's ranges, and on CURVE keys passed that cannot be used (found before
+    training starts); nothing a training loop hands a method later makes it raise.
+
+    A daemon on ``tcp://`` beyond loopback talks only CURVE: ``server_key`` is its public key
+    (40 Z85 characters, or its ``.key`` file), ``client_key_file`` this client's ``.key_secret``
+    file, whose public key the daemon's allow-list must hold (else MEMD_SERVER_KEY and
+    MEMD_CLIENT_KEY_FILE; docs/deploy.md). A refused key looks like an absent daemon: fallback.
     """
+
+    _ceiling: Optional[int]  # the batch a local out-of-memory error backed off to; set in _reset
 
     def __init__(
         self,
@@ -84,6 +91,8 @@ class Session:
         device: Any = None,
         hints: Optional[Dict[str, Any]] = None,
         num_workers: Optional[int] = None,
+        server_key: Optional[str] = None,
+        client_key_file: Optional[str] = None,
     ):
         self.job = (str(job) if job is not None else _default_job())[:128]  # the daemon takes 128 characters
         self.endpoint = endpoint or protocol.default_endpoint()
@@ -92,19 +101,21 @@ class Session:
             raise ValueError("timeout must be a positive number of seconds, not %r" % (timeout,))
         self._timeout_ms = max(1, int(self.timeout * 1000))
         self.min_batch = _count(min_batch, "min_batch")
-        self.max_batch = _count(max_batch, "max_batch", optional=True)
-        self.default_batch = _count(default_batch, "default_batch", optional=True)
-        self.target_effective_batch = _count(target_effective_batch, "target_effective_batch", optional=True)
+        self.max_batch = _optional_count(max_batch, "max_batch")
+        self.default_batch = _optional_count(default_batch, "default_batch")
+        self.target_effective_batch = _optional_count(target_effective_batch, "target_effective_batch")
         if self.max_batch is not None and self.max_batch < self.min_batch:
             raise ValueError("max_batch (%d) is below min_batch (%d)" % (self.max_batch, self.min_batch))
         if self.target_effective_batch is not None and self.target_effective_batch < self.min_batch:
             raise ValueError("target_effective_batch (%d) is below min_batch (%d)"
                              % (self.target_effective_batch, self.min_batch))
         self.device = device
-        self._warned: set = set()  # what this session already warned about: once is enough
+        self._warned: Set[object] = set()  # what this session already warned about: once is enough
         if num_workers is not None:  # the workers the job would like: memory and pressure only cut from there
             hints = dict(hints or {}, num_workers=_count(num_workers, "num_workers", allow_zero=True))
         self.hints = _clean_hints(hints, self._warned)
+        self.server_key, self.client_key_file = server_key, client_key_file
+        self._curve, self._curve_problem = _curve_keys(server_key, client_key_file, self._warned)
         self._lock = threading.Lock()
         self._reset()
         _sessions.add(self)
@@ -149,6 +160,8 @@ class Session:
         if self._plan is not None and time.monotonic() < self._plan_expires:
             return self._plan  # hello (or a drained reply) just brought one
         self._accept(self._call("plan", deadline, token=self._token))
+        if self._plan is None:  # a reply that carried no plan, and none before it
+            raise _Unavailable("the daemon's reply carried no plan")
         return self._plan
 
     def report(self, batch_size: int, peak_bytes: Optional[int] = None, *, step: Optional[int] = None,
@@ -224,7 +237,8 @@ class Session:
                     except zmq.ZMQError:
                         pass  # queue full or daemon gone: it expires the session by itself
                 # destroy() closes the socket even when the send failed: term() alone would wait forever.
-                self._ctx.destroy(linger=int(self.timeout * 1000))
+                if self._ctx is not None:  # always, beside a socket
+                    self._ctx.destroy(linger=int(self.timeout * 1000))
             self._reset()
         finally:
             self._lock.release()
@@ -235,20 +249,20 @@ class Session:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Callable[[Optional[str], Dict[str, Any]], Session], Tuple[Any, ...]]:
         # A Session sent to a spawned worker arrives as a fresh, unconnected copy.
         kwargs = dict(endpoint=self.endpoint, timeout=self.timeout, min_batch=self.min_batch,
                       max_batch=self.max_batch, default_batch=self.default_batch,
                       target_effective_batch=self.target_effective_batch, device=self.device,
-                      hints=self.hints)
+                      hints=self.hints, server_key=self.server_key, client_key_file=self.client_key_file)
         return (_rebuild, (self.job, kwargs))
 
     # -- internals --------------------------------------------------------------------------
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._ctx: Optional[zmq.Context] = None
-        self._sock: Optional[zmq.Socket] = None
+        self._ctx: Optional[zmq.SyncContext] = None
+        self._sock: Optional[zmq.SyncSocket] = None
         self._rcvtimeo = 0
         self._fresh_socket = False
         self._token: Optional[str] = None
@@ -260,8 +274,8 @@ class Session:
         self._retry_at = 0.0
         self._backoff = _BACKOFF_FIRST
         self._ids = 0
-        self._ceiling: Optional[int] = None
-        self._pending: Deque = collections.deque(maxlen=_PENDING_REPORTS)
+        self._ceiling = None
+        self._pending: Deque[Tuple[str, Dict[str, Any]]] = collections.deque(maxlen=_PENDING_REPORTS)
         self._suggested: Optional[int] = None  # suggest_batch's last batch, not yet reported
         self._last_suggested: Optional[int] = None  # suggest_batch's last answer
         self._trimmer = StepTrimmer(limit=self.timeout)
@@ -274,11 +288,13 @@ class Session:
         self._ids = (self._ids + 1) & 0x7FFFFFFF
         return self._ids
 
-    def _socket(self) -> zmq.Socket:
+    def _socket(self) -> zmq.SyncSocket:
         if self._sock is None:
             why = protocol.stranger(self.endpoint)
             if why:
                 raise _Unavailable("%s: not trusted" % why)
+            if self._curve_problem:
+                raise _Unavailable(self._curve_problem)
             self._ctx = zmq.Context(io_threads=1)
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -289,6 +305,8 @@ class Session:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             self._rcvtimeo = self._timeout_ms
             sock.setsockopt(zmq.RCVTIMEO, self._rcvtimeo)  # a blocking recv is one call; poll + recv two
+            if self._curve is not None:
+                self._curve.apply(sock)
             sock.connect(self.endpoint)
             self._sock = sock
             self._fresh_socket = True
@@ -315,6 +333,8 @@ class Session:
         for name in ("max_batch", "default_batch", "target_effective_batch"):
             if getattr(self, name) is not None:
                 fields[name] = getattr(self, name)
+        if self._plan is not None and self._plan.source == "daemon":
+            fields["batch_size"] = self._plan.batch_size  # hello again, running: the daemon restarted
         fields.update(_distributed_identity())
         fields.update(_process_identity())
         fields.update(_device_identity(self.device))
@@ -348,16 +368,19 @@ class Session:
             if reply.get("id") != request_id:
                 self._absorb(reply)
                 continue
-            if reply.get("ok") is True and isinstance(reply.get("result"), dict):
+            result = reply.get("result")
+            if reply.get("ok") is True and isinstance(result, dict):
                 self._backoff = _BACKOFF_FIRST
-                return reply["result"]
-            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+                return result
+            error = reply.get("error")
+            if not isinstance(error, dict):
+                error = {}
             code = str(error.get("code", "bad_reply"))
             if code == protocol.UNKNOWN_SESSION:
                 self._token = None  # the daemon restarted or expired us: hello again
             raise _Refused(code, str(error.get("message", ""))[:200])
 
-    def _send(self, sock: zmq.Socket, message: Dict[str, Any], deadline: float) -> None:
+    def _send(self, sock: zmq.SyncSocket, message: Dict[str, Any], deadline: float) -> None:
         data = protocol.encode(message)
         try:
             sock.send(data, _NOBLOCK)
@@ -369,15 +392,15 @@ class Session:
         if self._fresh_socket:
             self._fresh_socket = False
             remaining = deadline - time.monotonic()
-            if remaining > 0 and sock.poll(remaining * 1000, zmq.POLLOUT):
+            if remaining > 0 and sock.poll(int(remaining * 1000), zmq.POLLOUT):
                 try:
                     sock.send(data, zmq.NOBLOCK)
                     return
                 except zmq.Again:
                     pass
-        raise _Unavailable("daemon not connected at %s" % self.endpoint)
+        raise _Unavailable("daemon not connected at %s%s" % (self.endpoint, "; " + curve.HINT if self._curve else ""))
 
-    def _receive(self, sock: zmq.Socket) -> None:
+    def _receive(self, sock: zmq.SyncSocket) -> None:
         """Read one waiting reply, if any, and absorb what it teaches."""
         try:
             reply = _decoded(sock.recv(_NOBLOCK))
@@ -403,7 +426,8 @@ class Session:
         if sock is None:
             return
         for _ in range(256):
-            if not sock.getsockopt(_EVENTS) & _POLLIN:  # cheaper than poll(0) on the hot path
+            # pyzmq types every option int | bytes; EVENTS is an int. Cheaper than poll(0) on the hot path.
+            if not sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]
                 return
             self._receive(sock)
 
@@ -414,8 +438,9 @@ class Session:
         if "plan" not in result:
             return
         asked = self.hints.get("num_workers")
+        workers = asked if isinstance(asked, int) else max(1, usable_cpus() or 1)
         plan = within_limits(Plan.from_wire(result["plan"], source="daemon"), self.min_batch, self.max_batch,
-                             self.target_effective_batch, asked if isinstance(asked, int) else max(1, usable_cpus() or 1))
+                             self.target_effective_batch, workers)
         self._plan = plan
         if not late:
             self._plan_expires = time.monotonic() + plan.fresh_for
@@ -439,6 +464,8 @@ class Session:
 
     def _try_send(self, op: str, fields: Dict[str, Any]) -> bool:
         try:
+            if self._sock is None:
+                return False
             message = protocol.request(op, self._next_id(), token=self._token, **fields)
             self._sock.send(protocol.encode(message), _NOBLOCK)
             return True
@@ -493,6 +520,21 @@ def _rebuild(job: Optional[str], kwargs: Dict[str, Any]) -> Session:
     return Session(job, **kwargs)
 
 
+def _curve_keys(server_key: Optional[str], client_key_file: Optional[str],
+                warned: Set[object]) -> Tuple[Optional[curve.ClientKeys], Optional[str]]:
+    """(CURVE keys or None, why the environment's keys cannot be used or None). Keys passed as
+    arguments are the caller's own: a bad one raises ValueError here, before training starts.
+    Keys from the environment (MEMD_SERVER_KEY, MEMD_CLIENT_KEY_FILE) may be one node's slip:
+    the session then plans locally, says why in each fallback plan and warns once."""
+    try:
+        return curve.client_keys(server_key, client_key_file), None
+    except ValueError as exc:
+        if server_key or client_key_file:
+            raise
+        _warn_once(warned, "curve", "memd: %s; planning locally", exc)
+        return None, str(exc)
+
+
 def _after_fork_in_child() -> None:
     for session in list(_sessions):
         session._lock = threading.Lock()  # a lock held by another thread at fork stays held forever
@@ -503,9 +545,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = False) -> Optional[int]:
-    if value is None and optional:
-        return None
+def _optional_count(value: Any, name: str) -> Optional[int]:
+    return None if value is None else _count(value, name)
+
+
+def _count(value: Any, name: str, allow_zero: bool = False) -> int:
     try:
         number = operator.index(value) if not isinstance(value, float) else int(value)
     except TypeError:
@@ -520,7 +564,7 @@ def _count(value: Any, name: str, optional: bool = False, allow_zero: bool = Fal
     return number
 
 
-def _wire_number(value: Any, name: str, call: str, warned: set) -> Any:
+def _wire_number(value: Any, name: str, call: str, warned: Set[object]) -> Any:
     """``value`` as the protocol's field ``name`` takes it (an int; a float for step_seconds),
     or None, with a warning once per ``warned`` set, when it is not a finite number in the field's
     range: the training loop that handed it over must not die of it, and the daemon would
@@ -538,18 +582,19 @@ def _wire_number(value: Any, name: str, call: str, warned: set) -> Any:
         if not low <= number <= high:  # False for NaN too
             raise ValueError
     except (TypeError, ValueError, OverflowError):
-        _warn_once(warned, (call, name), "memd: %s(%s=%.60r) left out: not a number in [%d, %d]", call, name, value, low, high)
+        _warn_once(warned, (call, name), "memd: %s(%s=%.60r) left out: not a number in [%d, %d]",
+                   call, name, value, low, high)
         return None
     return number
 
 
-def _warn_once(warned: set, key: Any, message: str, *args: Any) -> None:
+def _warn_once(warned: Set[object], key: Any, message: str, *args: Any) -> None:
     if key not in warned and len(warned) < 1024:
         warned.add(key)
         log.warning(message, *args)
 
 
-def _clean_hints(hints: Optional[Dict[str, Any]], warned: set) -> Dict[str, Any]:
+def _clean_hints(hints: Optional[Dict[str, Any]], warned: Set[object]) -> Dict[str, Any]:
     """Keep hints small and plain (str keys, scalar values) so they always fit the wire, and
     within protocol.HINT_RANGES: the daemon would ignore the rest anyway."""
     if not hints:
@@ -578,7 +623,7 @@ def usable_cpus() -> Optional[int]:
     return max(1, cpus // int(ranks)) if ranks.isdigit() and int(ranks) > 0 and cpus else (cpus or None)
 
 
-def _default_job(argv: Optional[list] = None, main: Any = None, orig_argv: Optional[list] = None) -> str:
+def _default_job(argv: Optional[List[str]] = None, main: Any = None, orig_argv: Optional[List[str]] = None) -> str:
     """The name a job's curves are kept under when it gives none: its script's file name
     (``train.py``); under ``python -m`` the module's name (``pkg.train``, a package's
     ``__main__`` named by its package: argv[0] is then the module's full path, not a name);
@@ -683,6 +728,7 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
     keyword arguments configure it); ``memd.client.session()`` returns it, to report an
     out-of-memory error with ``report_oom``.
     """
+    default = _usable_default(default)
     try:
         s = session(default_batch=default, **session_kwargs)
         s._step_done()
@@ -694,6 +740,22 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
         return plan.batch_size
     except Exception:
         return default
+
+
+_suggest_warned: Set[object] = set()
+
+
+def _usable_default(default: Any) -> int:
+    """``default`` as the int suggest_batch promises; one that is not a whole number of at least
+    1 ('big', 0, NaN, True) is 1, the batch that fits wherever any does, with a warning once.
+    Returned as given, a default of 'big' came back as 'big' from every call."""
+    if isinstance(default, int) and not isinstance(default, bool) and default >= 1:
+        return default
+    if isinstance(default, float) and default.is_integer() and default >= 1:
+        return int(default)
+    _warn_once(_suggest_warned, ("default", repr(default)[:64]), "memd: suggest_batch(default=%r) is not a whole "
+               "number >= 1; using 1", default)
+    return 1
 
 
 def session(**session_kwargs: Any) -> Session:
@@ -719,38 +781,51 @@ class Refused(DaemonUnavailable):
         self.code = code
 
 
-def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, **fields: Any) -> Dict[str, Any]:
+def call(op: str, endpoint: Optional[str] = None, timeout: float = 1.0, *, server_key: Optional[str] = None,
+         client_key_file: Optional[str] = None, **fields: Any) -> Dict[str, Any]:
     """One request and its reply, for tools such as ``memd status``; raises DaemonUnavailable.
 
-    Training loops should use Session, which never raises; this is the plain primitive.
+    ``server_key``, ``client_key_file``: CURVE keys as for Session (else MEMD_SERVER_KEY and
+    MEMD_CLIENT_KEY_FILE). Training loops should use Session, which never raises; this is the
+    plain primitive.
     """
     endpoint = endpoint or protocol.default_endpoint()
     why = protocol.stranger(endpoint)
     if why:
         raise DaemonUnavailable("%s: not trusted" % why)
+    try:
+        keys = curve.client_keys(server_key, client_key_file)
+    except ValueError as exc:
+        raise DaemonUnavailable(str(exc)) from None
     path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
     if path and not path.startswith("@") and not os.path.exists(path):
         raise DaemonUnavailable("no daemon socket at %s" % path)
-    ctx = zmq.Context.instance()
+    ctx: zmq.SyncContext = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        if keys is not None:
+            keys.apply(sock)
         sock.connect(endpoint)
         deadline = time.monotonic() + timeout
         sock.send(protocol.encode(protocol.request(op, 1, **fields)))
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(remaining * 1000, zmq.POLLIN):
-                raise DaemonUnavailable("no daemon answered at %s within %.1f s" % (endpoint, timeout))
+            if remaining <= 0 or not sock.poll(int(remaining * 1000), zmq.POLLIN):
+                raise DaemonUnavailable("no daemon answered at %s within %.1f s%s"
+                                        % (endpoint, timeout, " (%s)" % curve.HINT if keys else ""))
             try:
                 reply = protocol.decode(sock.recv())
             except ValueError as exc:
                 raise DaemonUnavailable("unreadable reply from %s: %s" % (endpoint, exc)) from None
             if isinstance(reply, dict) and reply.get("id") == 1:
                 break
-        if reply.get("ok") is True and isinstance(reply.get("result"), dict):
-            return reply["result"]
-        error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        result = reply.get("result")
+        if reply.get("ok") is True and isinstance(result, dict):
+            return result
+        error = reply.get("error")
+        if not isinstance(error, dict):
+            error = {}
         raise Refused("%s refused %s: %s" % (endpoint, op, error.get("message", error.get("code", "?"))),
                       str(error.get("code", "?")))
     except zmq.ZMQError as exc:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 _trim: Optional[Any] = None
 _probed = False
@@ -74,7 +74,8 @@ class StepTrimmer:
     """Trims at the end of a step while that is cheap beside it: the last trim took at most
     ``share`` of the time since the previous step ended, and at most ``limit`` seconds."""
 
-    def __init__(self, share: float = 0.05, limit: float = 0.05, trim=None, clock=time.monotonic):
+    def __init__(self, share: float = 0.05, limit: float = 0.05, trim: Optional[Callable[[], object]] = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.share, self.limit = share, limit
         self.trim, self.clock = trim or trim_heap, clock
         self.cost = 0.0  # seconds the last trim took

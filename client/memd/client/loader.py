@@ -14,12 +14,13 @@ by less than a tenth, the next batches the workers are handed take the new size 
 prefetched come at the old one): the workers, and what each has copied of the dataset, stay.
 When it shrinks further, or the workers or prefetch change, the DataLoader is rebuilt at the next
 batch boundary over the samples the epoch has not delivered yet, so none is lost or repeated
-(batches the old workers had prefetched are dropped, not delivered). While the plan says ``throttle`` the loader waits before fetching more,
-up to ``throttle_wait`` seconds at a time. Each batch after the first tells the session the step
-before it ran (the daemon measures what it cost), with the batch's bytes, as ``suggest_batch``
-does; pass ``report=False`` when the loop reports its steps itself, and call ``report_oom()`` when
-a step on the latest batch ran out of memory. Under torch.distributed every
-rank follows the same plan (``agreed_plan``): iterate the loader on every rank in step.
+(batches the old workers had prefetched are dropped, not delivered). While the plan says
+``throttle`` the loader waits before fetching more, up to ``throttle_wait`` seconds at a time.
+Each batch after the first tells the session the step before it ran (the daemon measures what it
+cost), with the batch's bytes, as ``suggest_batch`` does; pass ``report=False`` when the loop
+reports its steps itself, and call ``report_oom()`` when a step on the latest batch ran out of
+memory. Under torch.distributed every rank follows the same plan (``agreed_plan``): iterate the
+loader on every rank in step.
 torch is imported when a MemdLoader is built, never by ``import memd.client``.
 """
 from __future__ import annotations
@@ -27,9 +28,10 @@ from __future__ import annotations
 import collections
 import sys
 import time
-from typing import Any, Deque, Iterator, List
+from typing import Any, Deque, Iterator, List, Optional, Tuple
 
 from .heap import trim_heap
+from .plan import Plan
 
 THROTTLE_POLL = 0.05  # seconds between looks at the plan while throttled
 # A cut to at least this share of the batch is taken by the next batches handed out, without a
@@ -38,6 +40,7 @@ THROTTLE_POLL = 0.05  # seconds between looks at the plan while throttled
 # every cut: its one worker, forked anew each time, copied the dataset again and never levelled
 # off, so it was counted at the 0.6 GiB it could copy at most where it levels at 0.33.
 SMALL_CUT = 0.9
+_Config = Tuple[int, int, Optional[int]]  # a DataLoader's batch size, workers and prefetch factor
 
 
 class _Chunks:
@@ -50,7 +53,7 @@ class _Chunks:
         self.indices, self.size, self.drop_last = indices, size, drop_last
         self.sizes: Deque[int] = collections.deque()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[List[int]]:
         start = 0
         while start < len(self.indices):
             size = self.size
@@ -85,10 +88,11 @@ class MemdLoader:
         self.loader_kwargs = loader_kwargs
         self.batches = 0  # delivered, over all epochs
         self.builds = 0  # DataLoaders built
-        self.plan = None
-        self._loader = None
-        self._config = None
-        self._last = None  # (batch size, bytes) of the batch delivered last, not yet reported
+        self.plan: Optional[Plan] = None
+        self._loader: Any = None  # torch's DataLoader
+        self._config: Optional[_Config] = None
+        # (batch size, bytes) of the batch delivered last, not yet reported
+        self._last: Optional[Tuple[int, int]] = None
 
     def set_epoch(self, epoch: int) -> None:
         """Passed on to a sampler that has it (DistributedSampler)."""
@@ -98,12 +102,12 @@ class MemdLoader:
     def __iter__(self) -> Iterator[Any]:
         order = list(iter(self.sampler))
         position = 0
-        batches = None
+        batches: Optional[Iterator[Tuple[int, Any]]] = None
         while position < len(order):
             plan = self._next_plan()
             config = (plan.batch_size, plan.num_workers, plan.prefetch_factor if plan.num_workers else None)
-            if self._loader is not None and batches is not None and config[1:] == self._config[1:] \
-                    and config[0] >= SMALL_CUT * self._config[0]:
+            if self._loader is not None and batches is not None and self._config is not None \
+                    and config[1:] == self._config[1:] and config[0] >= SMALL_CUT * self._config[0]:
                 # Growth, or a small cut: the next batches handed out take the new size; the
                 # workers, and what each has copied of the dataset, stay (a rebuild forks new ones
                 # that copy it again).
@@ -121,7 +125,7 @@ class MemdLoader:
             self._delivered(batch, indices)
             yield batch
 
-    def _next_plan(self):
+    def _next_plan(self) -> Plan:
         from .training import agreed_plan
 
         plan = agreed_plan(self.session, self.group)
@@ -132,7 +136,7 @@ class MemdLoader:
         self.plan = plan
         return plan
 
-    def _start(self, remaining: List[int], config) -> Iterator:
+    def _start(self, remaining: List[int], config: _Config) -> Iterator[Tuple[int, Any]]:
         """An iterator of (samples, batch) over ``remaining``, reusing the DataLoader (and its
         persistent workers) when the plan has not changed."""
         import torch.utils.data as data
@@ -182,7 +186,8 @@ def _nbytes(batch: Any) -> int:
     """Bytes of the tensors in a batch (a tensor, or sequences and mappings of them)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(batch, torch.Tensor):
-        return batch.element_size() * batch.nelement()
+        nbytes: int = batch.element_size() * batch.nelement()
+        return nbytes
     if isinstance(batch, dict):
         return sum(_nbytes(v) for v in batch.values())
     if isinstance(batch, (list, tuple)):

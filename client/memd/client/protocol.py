@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import msgpack
 
@@ -86,7 +86,7 @@ INTERNAL = "internal"
 SYSTEM_SOCKET = "/run/memd/memd.sock"
 
 
-def default_endpoint(environ: Optional[Dict[str, str]] = None) -> str:
+def default_endpoint(environ: Optional[Mapping[str, str]] = None) -> str:
     """The control endpoint that client and daemon both pick with no configuration.
 
     MEMD_ENDPOINT wins; then the system service's socket if it exists; then a per-user socket.
@@ -99,7 +99,7 @@ def default_endpoint(environ: Optional[Dict[str, str]] = None) -> str:
     return "ipc://" + user_socket_path(env)
 
 
-def user_socket_path(environ: Optional[Dict[str, str]] = None) -> str:
+def user_socket_path(environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
     runtime = env.get("XDG_RUNTIME_DIR")
     if runtime:
@@ -133,7 +133,8 @@ def stranger(endpoint: str) -> Optional[str]:
 
 
 def encode(message: Dict[str, Any]) -> bytes:
-    return msgpack.packb(message, use_bin_type=True)
+    data: bytes = msgpack.packb(message, use_bin_type=True)
+    return data
 
 
 def decode(data: bytes) -> Any:

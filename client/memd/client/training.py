@@ -153,7 +153,7 @@ def trainer_callback(session: Session, device: Any = None) -> Any:
     """
     from transformers import TrainerCallback  # the caller's Trainer has imported it already
 
-    class MemdCallback(TrainerCallback):
+    class MemdCallback(TrainerCallback):  # type: ignore[misc]  # transformers is read as Any (pyproject.toml)
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             cuda = _cuda(device)
             if cuda is not None:
@@ -179,7 +179,7 @@ def lightning_callback(session: Session, device: Any = None) -> Any:
     except ImportError:
         from pytorch_lightning import Callback
 
-    class MemdCallback(Callback):
+    class MemdCallback(Callback):  # type: ignore[misc]  # Lightning is read as Any (pyproject.toml)
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             cuda = _cuda(device)
             if cuda is not None:

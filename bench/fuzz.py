@@ -38,10 +38,9 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memdproc import MemdProcess, commit, machine, percentiles  # noqa: E402
-
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
+from memdproc import MemdProcess, commit, machine, percentiles  # noqa: E402
 
 from memd.client import DaemonUnavailable, Refused, call, protocol  # noqa: E402
 

@@ -42,9 +42,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memdproc import MemdProcess, commit, machine, percentiles  # noqa: E402
-
 import zmq  # noqa: E402
+from memdproc import MemdProcess, commit, machine, percentiles  # noqa: E402
 
 from memd.client import protocol  # noqa: E402
 

@@ -53,7 +53,8 @@ class MemdProcess:
                 return self
             except DaemonUnavailable:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("memd did not start (exit %s):\n%s" % (self.proc.poll(), self.log_tail()))
+                    why = "memd did not start (exit %s):\n%s" % (self.proc.poll(), self.log_tail())
+                    raise RuntimeError(why) from None
                 time.sleep(0.05)
 
     @property

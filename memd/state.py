@@ -56,6 +56,8 @@ class StateStore:
         self._write_lock = threading.Lock()
         self._generation = self._written = 0
         self._writer: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending: Optional[Tuple[str, int]] = None  # the newest state not yet handed to a write
+        self._pending_lock = threading.Lock()
 
     def load(self) -> None:
         try:
@@ -164,14 +166,24 @@ class StateStore:
     def flush_soon(self) -> None:
         """flush(), the file written on a thread of its own: the caller pays for the copy (5 ms
         for a full store of 512 curves here), not the write and its fsyncs (33 ms), so the
-        daemon can flush every few seconds without stalling its clients. At most one write
-        waits at a time (a newer one makes an older, not yet written, one moot)."""
+        daemon can flush every few seconds without stalling its clients. At most one state
+        waits (a newer one replaces it), so a disk that stalls holds one copy, not one per flush."""
         taken = self._take()
         if taken is None:
             return
+        with self._pending_lock:
+            waiting, self._pending = self._pending is not None, taken
+        if waiting:
+            return  # the write already queued takes this newer state
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="memd-state")
-        self._writer.submit(self._write, *taken)
+        self._writer.submit(self._write_pending)
+
+    def _write_pending(self) -> None:
+        with self._pending_lock:
+            taken, self._pending = self._pending, None
+        if taken is not None:
+            self._write(*taken)
 
     def close(self) -> None:
         """Wait for a background write to finish (at shutdown, before the last flush)."""

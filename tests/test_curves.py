@@ -301,3 +301,26 @@ def test_a_user_who_fills_the_store_evicts_their_own_curves_first(tmp_path):
     assert view("theirs", "cpu:7@uid:1000", store.recall("theirs", "cpu:7@uid:1000"))["owner"] == "uid:1000"
     assert view("legacy", "cpu:7", store.recall("legacy", "cpu:7"))["owner"] is None
     assert store.forget("junk3", "cpu:7") == ["cpu:7@uid:65534"]  # a pool names every owner in it
+
+
+def test_a_stalled_disk_holds_one_waiting_state_not_one_per_flush(tmp_path, monkeypatch):
+    import threading
+
+    store = StateStore(str(tmp_path))
+    gate, written = threading.Event(), []
+    real = store._write
+
+    def slow(text, generation):
+        gate.wait(10)
+        written.append(generation)
+        return real(text, generation)
+
+    monkeypatch.setattr(store, "_write", slow)
+    for i in range(50):  # a flush every 2 s while the disk hangs
+        store.remember("j%d" % i, "cpu:7", [Observation(4, 10)], None)
+        store.flush_soon()
+    assert store._pending is not None and store._pending[1] == 50  # one state waits: the newest
+    gate.set()
+    store.close()
+    assert written[-1] == 50 and len(written) <= 2  # the first, then the newest; none in between
+    assert len(json.loads((tmp_path / "curves.json").read_text())["jobs"]) == 50

@@ -16,10 +16,12 @@ which libzmq holds whole before the daemon sees them: its memory is reported apa
 
 Throughout, a probe in a process of its own (so the fuzzer never holds its GIL) pings the daemon
 and asks a memd.client.Session for a plan every 20 ms: the ping's latency is the daemon's stall,
-the Session must be served by the daemon (not its fallback) within its timeout. The daemon's RSS
-is read from /proc/PID/status. Pass: the frames asked for sent, 0 crashes, every message
-answered (but those libzmq drops), no `internal` error, RSS under 100 MB, no stall over 100 ms,
-no probe failure. Exits 1 when one fails; the summary says which.
+the Session must be served by the daemon (not its fallback) within its timeout. The daemon's own
+request histogram (its metrics endpoint) says how many requests it took long over itself, apart
+from the machine's scheduling of the probe. The daemon's RSS is read from /proc/PID/status.
+Pass: the frames asked for sent, 0 crashes, every message answered (but those libzmq drops), no
+`internal` error, RSS under 100 MB, no stall over 100 ms, no probe failure. Exits 1 when one
+fails; the summary says which.
 """
 from __future__ import annotations
 
@@ -371,6 +373,7 @@ class Stats:
         self.exit_codes: List[Optional[int]] = []
         self.tracebacks = 0
         self.late_hello: List[str] = []  # per transport: a new job's hello after the fuzzing
+        self.slow: collections.Counter = collections.Counter()  # the daemon's own: requests over 10/50/250 ms
 
     def answer(self, kind: str, frames: List[bytes], data: bytes, forge: Forge) -> None:
         try:
@@ -454,7 +457,8 @@ class Attack:
 
     def __init__(self, transport: str, env: Dict[str, str], forge: Forge, stats: Stats, probe_timeout: float):
         self.forge, self.stats = forge, stats
-        self.daemon = MemdProcess(transport, env=dict(env, MEMD_POLICY_PLAN_FRESH_SECONDS="0.001")).start()
+        fresh = dict(env, MEMD_POLICY_PLAN_FRESH_SECONDS="0.001")  # each plan() of the probe a round trip
+        self.daemon = MemdProcess(transport, env=fresh, metrics=True).start()
         endpoint = self.daemon.endpoint
         self.probe, there = multiprocessing.get_context("spawn").Pipe()
         self.prober = multiprocessing.get_context("spawn").Process(
@@ -563,6 +567,7 @@ class Attack:
             sock.close(0)
         self.ctx.term()
         self.stats.tracebacks += self.daemon.tracebacks()
+        self.stats.slow.update(self.daemon.slow_requests() or {})
         self.stats.exit_codes.append(self.daemon.stop(remove=True))
 
 
@@ -612,6 +617,7 @@ def summary(stats: Stats, args, wall: float) -> Dict[str, Any]:
         "crashes": stats.crashes, "exit_codes": stats.exit_codes, "tracebacks_logged": stats.tracebacks,
         "rss_max_bytes_sampled": dict(stats.rss), "rss_hwm_bytes": dict(stats.hwm),
         "rss_kept_bytes": dict(stats.kept), "stall_ms": stall, "stall_ms_by_stage": stall_by_stage,
+        "daemon_requests_slower_than": dict(stats.slow),
         "probe_plan_ms": plan,
         "probe_timeout_ms": args.probe_timeout * 1e3, "probe_failures": len(stats.probe["failures"]),
         "probe_failure_examples": stats.probe["failures"][:5], "late_hello": stats.late_hello,
@@ -643,6 +649,8 @@ def markdown(s: Dict[str, Any]) -> str:
             mb(s["rss_max_bytes_sampled"]), mb(s["rss_hwm_bytes"]), mb(s["rss_kept_bytes"])),
         "- stall (the probe's ping): %s; %s" % (ms(s["stall_ms"]), "; ".join(
             "%s: %s" % (stage, ms(p)) for stage, p in s["stall_ms_by_stage"].items())),
+        "- requests the daemon itself took longer over (its metrics): %s" % (
+            counts(s["daemon_requests_slower_than"]) or "none"),
         "- probe Session.plan(): %s; failures %d (timeout %.0f ms)" % (
             ms(s["probe_plan_ms"]), s["probe_failures"], s["probe_timeout_ms"]),
         "- unanswered: %s; bad replies: %d" % (counts(s["unanswered"]) or 0, s["bad_replies"]),

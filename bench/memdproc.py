@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from typing import Dict, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +100,23 @@ class MemdProcess:
         except OSError:
             return None
         return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def slow_requests(self) -> Optional[Dict[str, int]]:
+        """From the daemon's own histogram (its metrics endpoint, if on): requests handled in
+        more than 10, 50 and 250 ms, counted from the handler's start to the reply's send: what
+        the daemon itself took, apart from the machine's scheduling of the client."""
+        if self.metrics == "off":
+            return None
+        with urllib.request.urlopen("http://%s/metrics" % self.metrics, timeout=5) as reply:
+            text = reply.read().decode()
+        buckets = {}
+        for line in text.splitlines():
+            if line.startswith("memd_request_duration_seconds_bucket"):
+                bound = line.split('le="')[1].split('"')[0]
+                buckets[bound] = float(line.rsplit(" ", 1)[1])
+        total = buckets.get("+Inf", 0.0)
+        return {"over_%sms" % ms: int(total - buckets[bound]) for ms, bound in (("10", "0.01"), ("50", "0.05"),
+                                                                            ("250", "0.25")) if bound in buckets}
 
     def log_tail(self, chars: int = 4000) -> str:
         try:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
-import json
 import math
 import multiprocessing
 import os
@@ -42,7 +41,7 @@ from typing import Any, Dict, List, Optional, Tuple
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
-from memdproc import MemdProcess, commit, machine, percentiles  # noqa: E402
+from memdproc import MemdProcess, commit, machine, percentiles, publish  # noqa: E402
 
 from memd.client import DaemonUnavailable, Refused, call, protocol  # noqa: E402
 
@@ -684,16 +683,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             seconds = args.seconds / len(transports) if args.seconds is not None else math.inf
             fuzz_transport(transport, frames, seconds, forge, stats, args.probe_timeout, args.bulk, env)
     result = summary(stats, args, time.monotonic() - start)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    text = markdown(result)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    else:
-        print(text)
-    return 0 if result["passed"] else 1
+    return publish(result, markdown(result), args.json, args.markdown)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import zmq  # noqa: E402
-from memdproc import MemdProcess, commit, machine, percentiles  # noqa: E402
+from memdproc import MemdProcess, commit, machine, percentiles, publish  # noqa: E402
 
 from memd.client import protocol  # noqa: E402
 
@@ -379,16 +379,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     result = run_kills(args) if args.mode == "kill" else run_rate(args)
     result = dict({"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "machine": machine(),
                    "commit": commit()}, **result, passed=all(result["checks"].values()))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    text = markdown(result)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
-    else:
-        print(text)
-    return 0 if result["passed"] else 1
+    return publish(result, markdown(result), args.json, args.markdown)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ generator (bench/fuzz.py, bench/load.py) both watch one daemon's RSS and CPU fro
 an operator would, and the load generator kills and restarts it."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -175,3 +176,17 @@ def commit() -> str:
         return out.stdout.strip() + ("+dirty" if dirty else "")
     except OSError:
         return "unknown"
+
+
+def publish(result: Dict, text: str, json_path: Optional[str], markdown_path: Optional[str]) -> int:
+    """Write a run's summary as JSON and markdown (printed when no markdown path is given);
+    the exit code: 0 when every check passed."""
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+    if markdown_path:
+        with open(markdown_path, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0 if result["passed"] else 1

@@ -22,7 +22,7 @@ from memd.policy.fit import Observation
 from memd.sampling import cgroup as cgroups
 from memd.sampling import procs
 from memd.sampling.snapshot import Cgroup, as_json
-from memd.sessions import OWNER, Session
+from memd.sessions import OWNER, Session, TooManySessions
 from memd.state import MAX_KEY_CHARS, Memory
 
 Result = Dict[str, Any]
@@ -96,9 +96,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
             raise Invalid("this nonce belongs to a session of another job")
         return {"token": earlier.token, "plan": _decide(core, earlier).plan.to_wire(),
                 "session_ttl": core.config.session_ttl}
-    if core.sessions.full() or not local:
-        expire(core)  # the dead make room, and are remembered and counted as ever
-    session = core.sessions.open(
+    fields = dict(
         job=job, nonce=nonce, pid=pid, host=host, local=local, cgroup=_job_cgroup(core, pid) if local else None,
         start_time=procs.process_start_time(pid, core.proc_root) if local else None, limits=limits,
         rank=rank, world_size=world_size,
@@ -107,6 +105,11 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
         local_world_size=_int(req, "local_world_size"), unwatched=unwatched,
     )
+    try:
+        session = core.sessions.open(**fields)
+    except TooManySessions:  # all slots, or the unwatched share, taken: the dead make room
+        expire(core)  # and are remembered and counted as ever
+        session = core.sessions.open(**fields)
     held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
     if held is not None:
         log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,

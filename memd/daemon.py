@@ -184,7 +184,10 @@ class Daemon:
     # -- main thread ------------------------------------------------------------------------
 
     def _dispatch(self):
-        return {name: (lambda req, handler=handler: handler(self.core, req)) for name, handler in ops.HANDLERS.items()}
+        handlers = {name: (lambda req, handler=handler: handler(self.core, req))
+                    for name, handler in ops.HANDLERS.items()}
+        handlers["hello"] = lambda req: ops.hello(self.core, req, self.server.peer)  # who asks, as the kernel says
+        return handlers
 
     def _alive(self, session: Session) -> bool:
         if not session.local:

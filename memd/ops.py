@@ -22,7 +22,7 @@ from memd.policy.fit import Observation
 from memd.sampling import cgroup as cgroups
 from memd.sampling import procs
 from memd.sampling.snapshot import Cgroup, as_json
-from memd.sessions import OWNER, Session, TooManySessions
+from memd.sessions import OWNER, Peer, Session, TooManySessions
 from memd.state import MAX_KEY_CHARS, Memory
 
 Result = Dict[str, Any]
@@ -38,7 +38,7 @@ class NotReady(RuntimeError):
     """The daemon has not taken its first sample yet."""
 
 
-def hello(core: Core, req: Dict[str, Any]) -> Result:
+def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Result:
     """Register a job.
 
     Request: job (str), pid (int), host (str), min_batch (int >= 1); optional max_batch,
@@ -58,6 +58,11 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     memory, rather than budget a running job as if its memory were someone else's.
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
+
+    ``peer``: who asked, in the kernel's word (the ipc socket's credentials; None over TCP). A
+    pid that belongs to another user than the one asking is not watched (_local), and when
+    every slot is taken a user holding fewer sessions takes the newest of the user holding the
+    most (Sessions.crowding).
     """
     limits = Limits(
         min_batch=_int(req, "min_batch", default=1),
@@ -88,7 +93,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     if nonce is not None and len(nonce) < 16:
         raise Invalid("nonce must be a string of 16 to 64 characters")
     running = _int(req, "batch_size")  # checked, like every field, before anything changes
-    local, unwatched = _local(core, host, pid, _int(req, "pid_ns"), _int(req, "start_time"))
+    local, unwatched = _local(core, host, pid, _int(req, "pid_ns"), _int(req, "start_time"), peer)
     snapshot = _snapshot(core)
     earlier = core.sessions.find(host, pid, nonce) if nonce is not None else None
     if earlier is not None:  # the same client Session again: its earlier hello's reply was lost
@@ -104,11 +109,17 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         visible_devices=_str(req, "cuda_visible_devices", limit=256), hints=dict(hints),
         prior=prior_from_hints(hints), cpus=_number(req, "cpus") or None,
         local_world_size=_int(req, "local_world_size"), unwatched=unwatched,
+        peer_uid=None if peer is None else peer.uid,
     )
     try:
         session = core.sessions.open(**fields)
     except TooManySessions:  # all slots, or the unwatched share, taken: the dead make room
         expire(core)  # and are remembered and counted as ever
+        if core.sessions.full():
+            crowded = core.sessions.crowding(None if peer is None else peer.uid)
+            if crowded is not None:  # one user's flood gives way to another user's job
+                core.sessions.close(crowded.token)
+                end(core, crowded, "evicted")
         session = core.sessions.open(**fields)
     held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
     if held is not None:
@@ -296,15 +307,16 @@ assert set(HANDLERS) == set(protocol.OPS)
 
 
 def end(core: Core, session: Session, why: str) -> None:
-    """What ending a session means, however it ends ("bye", or "expired": silent past the ttl
-    or its process gone, found by housekeeping or by a hello that needed the room): the other
+    """What ending a session means, however it ends ("bye"; "expired": silent past the ttl or its
+    process gone, found by housekeeping or by a hello that needed the room; "evicted": its slot
+    given to another user's job, Sessions.crowding): the other
     sessions of its pool decide again, and what it learned is kept for the job's next run.
     Expired at a hello, sessions were once dropped unremembered and uncounted."""
     core.epoch += 1
     remember(core, session)
     if why != "bye":  # a bye is the client's to repeat at will: not a line in the log each
         core.sessions_expired += 1
-        log.info("session expired", job=session.job, pid=session.pid, session=session.sid, reports=session.reports)
+        log.info("session " + why, job=session.job, pid=session.pid, session=session.sid, reports=session.reports)
 
 
 def expire(core: Core) -> None:
@@ -367,8 +379,8 @@ def _snapshot(core: Core):
     return core.snapshot
 
 
-def _local(core: Core, host: str, pid: int, pid_ns: Optional[int],
-           start_time: Optional[int]) -> Tuple[bool, Optional[str]]:
+def _local(core: Core, host: str, pid: int, pid_ns: Optional[int], start_time: Optional[int],
+           peer: Optional[Peer] = None) -> Tuple[bool, Optional[str]]:
     """Whether the pid a hello names is the client's own process here, which the daemon may
     measure, reset the peak of and watch; and if not, though the job is on this host, why (for
     its plan). A job in another pid namespace (a container sharing the hostname) names a pid
@@ -376,7 +388,8 @@ def _local(core: Core, host: str, pid: int, pid_ns: Optional[int],
     A pid_ns the daemon cannot check against its own is not trusted: measuring a stranger is
     the harm this prevents, and a client that read its namespace runs on a kernel that shows
     the daemon its own, unless the daemon's /proc hides it (or the client's host is another
-    machine of the same name)."""
+    machine of the same name). Where the kernel says who asks (``peer``), a process of another
+    user is not watched unless root asks: its curves would be written by whoever named it."""
     if host != core.host:
         return False, None  # another machine: planned from its reports, as ever
     here = os.path.exists(os.path.join(core.proc_root, str(pid)))
@@ -391,6 +404,8 @@ def _local(core: Core, host: str, pid: int, pid_ns: Optional[int],
         return False, None
     if start_time is not None and procs.process_start_time(pid, core.proc_root) != start_time:
         return False, "pid %d here is another process (it started at another time than this job)" % pid
+    if peer is not None and peer.uid != 0 and peer.uid != procs.process_owner(pid, core.proc_root):
+        return False, "pid %d here is another user's process" % pid
     return True, None
 
 

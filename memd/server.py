@@ -27,7 +27,7 @@ from memd.client.heap import trim_heap
 from memd.config import ConfigError
 from memd.logs import Throttle
 from memd.ops import Invalid
-from memd.sessions import TooManySessions, UnknownSession
+from memd.sessions import Peer, TooManySessions, UnknownSession
 from memd.zap import DOMAIN, Gate
 
 log = structlog.get_logger("memd.server")
@@ -44,6 +44,15 @@ RCVHWM = 64
 SNDHWM = 64
 TRIM_AFTER = 1 << 20  # bytes of dropped frames after which the C heap is trimmed (at most once a second)
 _NOBLOCK, _EVENTS, _POLLIN, _RCVMORE = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
+
+
+def peer_of(address: Optional[str]) -> Optional[Peer]:
+    """libzmq's Peer-Address of an ipc connection ends ``:uid:gid:pid`` (``:uid:gid:`` on BSD and
+    macOS); over TCP it is an address and says nothing of the sender: None."""
+    parts = (address or "").rsplit(":", 3)
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None
+    return Peer(int(parts[1]), int(parts[3]) if parts[3].isdigit() else None)
 
 
 class Server:
@@ -63,6 +72,9 @@ class Server:
         self._ipc_path: Optional[str] = None
         self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
         self._trim_at = 0.0  # monotonic time before which it is not trimmed again
+        # The sender of the message being handled (None over TCP): read by handlers that must
+        # know who asks (hello), valid only while a handler runs.
+        self.peer: Optional[Peer] = None
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
@@ -152,11 +164,14 @@ class Server:
             trim_heap()
 
     def _receive(self):
-        """One message: (its first MAX_FRAMES frames, how many more were dropped). libzmq has the
+        """One message: (its first MAX_FRAMES frames, how many more were dropped), its sender in
+        ``self.peer``. libzmq has the
         whole message by now (it delivers none before the last frame), but frames beyond the
         protocol's are neither copied nor kept: a 400-frame message was copied whole and echoed
         back (80 MB each way). Raises zmq.Again when nothing waits."""
-        frames = [self.sock.recv(_NOBLOCK)]
+        first = self.sock.recv(_NOBLOCK, copy=False)
+        self.peer = _sender(first) if self._ipc_path is not None else None
+        frames = [first.bytes]
         dropped = 0
         while self.sock.getsockopt(_RCVMORE):
             if len(frames) < MAX_FRAMES:
@@ -251,6 +266,14 @@ class Server:
             except FileNotFoundError:
                 pass
             self._ipc_path = None
+
+
+def _sender(frame: zmq.Frame) -> Optional[Peer]:
+    try:
+        address = frame.get("Peer-Address")
+        return peer_of(address) if isinstance(address, str) else None
+    except (zmq.ZMQError, UnicodeDecodeError):  # a libzmq built without peer credentials
+        return None
 
 
 def _valid_envelope(envelope: List[bytes]) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import secrets
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from memd.client.plan import Plan
 from memd.policy.controller import ControlState, Limits
@@ -23,6 +23,14 @@ from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
 OWNER = "@uid:"  # a curve's key ends with its owner's uid (planner.ownership, state.owner_of)
+
+
+class Peer(NamedTuple):
+    """Who sent a message, in the kernel's word (SO_PEERCRED on the ipc socket), not the client's."""
+    uid: int
+    pid: Optional[int]  # None where the platform gives no pid (LOCAL_PEERCRED)
+
+
 UNWATCHED_SHARE = 0.25  # of max_sessions, at most, for sessions whose process memd cannot watch
 # Runs that must go clean at a remembered OOM ceiling before it is lifted (Session.learned).
 CLEAN_RUNS = 3
@@ -74,6 +82,7 @@ class Session:
     owner: Optional[int] = None  # the uid its watched process runs as: its curves are its owner's
     rejoined: bool = False  # said hello running a batch already (the daemon restarted under it)
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
+    peer_uid: Optional[int] = None  # the user whose process said hello (the kernel's word; None over TCP)
     pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
     # Its loader follows the plan's workers (a report said which it ran, as MemdLoader's do): the
@@ -212,6 +221,20 @@ class Sessions:
         if session.nonce is not None:
             self._by_nonce[(session.host, session.pid, session.nonce)] = session
         return session
+
+    def crowding(self, uid: Optional[int]) -> Optional[Session]:
+        """When every slot is taken, the session a hello from ``uid`` may end to get one: the
+        newest of the user holding the most, if that user holds at least two more than ``uid``
+        does. Slots are shared max-min between users: one user alone may fill them all, but a
+        flood of hellos from one cannot keep another user's job out (256 sessions from one
+        process once held every slot)."""
+        held = collections.Counter(s.peer_uid for s in self._by_token.values())
+        if not held:
+            return None
+        most, count = held.most_common(1)[0]
+        if most == uid or held[uid] + 1 >= count:
+            return None
+        return max((s for s in self._by_token.values() if s.peer_uid == most), key=lambda s: s.sid)
 
     def find(self, host: str, pid: int, nonce: str) -> Optional[Session]:
         """The open session an earlier hello with this nonce opened for this process, if any."""

@@ -84,7 +84,7 @@ def render(status: Dict[str, Any], width: int = 100, view: View = View(),
            labels: Optional[Labels] = None) -> str:
     """One frame as plain text (`memd top --once`, or a pipe), the legend under the sessions."""
     shown = frame(status, width, view, labels or {})
-    lines = shown.body + (shown.legend if shown.legend else [])
+    lines = shown.body + ([[]] + shown.legend if shown.legend else [])
     return "\n".join(text(line)[:width].rstrip() for line in lines) + "\n"
 
 

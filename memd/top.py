@@ -70,7 +70,7 @@ class Frame:
 
 LEGEND = (
     "JOB#N: rank N of a job",
-    "GPU: its row above (host: host memory)",
+    "GPU: its GPU row (I:N: MIG device N of GPU I)",
     "BATCH: planned<-last used",
     "ACCUM: gradient accumulation steps",
     "WORKERS: data loader workers (paused: loading paused, memory is short)",
@@ -93,6 +93,7 @@ def text(line: Line) -> str:
 
 
 def frame(status: Dict[str, Any], width: int, view: View, labels: Labels) -> Frame:
+    """What one screen shows: machine, GPUs with their processes, sessions, errors; the legend."""
     snap = status.get("snapshot") or {}
     sessions = status.get("sessions") or []
     gpus = snap.get("gpus") or []
@@ -113,19 +114,23 @@ def frame(status: Dict[str, Any], width: int, view: View, labels: Labels) -> Fra
     return Frame(body, legend)
 
 
-def gpu_names(gpus: Sequence[Dict[str, Any]]) -> Dict[str, str]:
-    """uuid -> the label its GPU row shows: the NVML index, "I:N" for MIG device N of GPU I."""
-    names: Dict[str, str] = {}
+def gpu_labels(gpus: Sequence[Dict[str, Any]]) -> List[str]:
+    """Each GPU row's label: its NVML index, "I:N" for MIG device N of GPU I (in NVML's order)."""
+    labels: List[str] = []
     migs: Dict[Any, int] = {}
     for g in gpus:
-        if not g.get("uuid"):
-            continue
-        if g.get("mig_parent_uuid"):
-            migs[g["mig_parent_uuid"]] = migs.get(g["mig_parent_uuid"], -1) + 1
-            names[g["uuid"]] = "%s:%d" % (g.get("index"), migs[g["mig_parent_uuid"]])
+        parent = g.get("mig_parent_uuid")
+        if parent:
+            migs[parent] = migs.get(parent, -1) + 1
+            labels.append("%s:%d" % (g.get("index"), migs[parent]))
         else:
-            names[g["uuid"]] = str(g.get("index"))
-    return names
+            labels.append(str(g.get("index")))
+    return labels
+
+
+def gpu_names(gpus: Sequence[Dict[str, Any]]) -> Dict[str, str]:
+    """uuid -> its row's label, to name a session's GPU (its pool) as the GPU rows do."""
+    return {g["uuid"]: label for g, label in zip(gpus, gpu_labels(gpus)) if g.get("uuid")}
 
 
 def wrap(items: Sequence[str], width: int, style: str) -> List[Line]:
@@ -185,12 +190,10 @@ _SESSION_COLUMNS: Tuple[Column, ...] = (
 
 def _gpus(gpus: Sequence[Dict[str, Any]], sessions: Sequence[Dict[str, Any]], view: View,
           labels: Labels) -> List[Line]:
-    names = gpu_names(gpus)
     jobs = {s.get("pid"): s.get("job") for s in sessions}
     lines: List[Line] = [[(_GPU_ROW % ("GPU", "NAME", "MEMORY USED", "USED/TOTAL GiB", "UTIL"), "head")],
                          _header(_PROCESS_COLUMNS, view)]
-    for g in gpus:
-        label = names.get(g.get("uuid") or "", str(g.get("index")))
+    for g, label in zip(gpus, gpu_labels(gpus)):
         name = _cut(g.get("name"), 24)
         if not g.get("healthy", True):
             lines.append([("%-4s %-24s " % (label, name), ""), ("UNHEALTHY: %s" % g.get("error"), "bad")])

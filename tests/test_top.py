@@ -100,7 +100,7 @@ def test_gpu_processes_sit_under_their_gpu_with_user_command_and_memory():
                      ["100", "alice", "4.0", "[bert] python bert.py"], ["999", "-", "-", "-"]]
     mig = next(i for i, line in enumerate(text) if line.startswith("0:1 "))
     assert text[mig + 1].split() == ["300", "carol", "15.0", "[vit]", "vit"]
-    assert [line.split()[:3] for line in text if line.startswith("GPU") or line.lstrip().startswith("PID")] == [
+    assert [line.split()[:3] for line in text if line.startswith("GPU ") or line.lstrip().startswith("PID")] == [
         ["GPU", "NAME", "MEMORY"], ["PID", "USER", "GPU"]]
     by_pid = render(_status(SESSIONS, GPUS), 80, View(sort="pid"), LABELS).splitlines()
     assert [line.split()[0] for line in by_pid[h100 + 1:h100 + 4]] == ["100", "200", "999"]
@@ -149,6 +149,7 @@ def test_legend_explains_the_columns_and_whole_reasons_show_on_request():
 def test_process_labels_read_this_hosts_proc_and_nothing_for_another_host():
     child = subprocess.Popen(["sleep", "30"])
     try:
+        assert wait_for(lambda: open("/proc/%d/cmdline" % child.pid, "rb").read() == b"sleep\0" + b"30\0")  # exec'd
         status = _status([_session("j", os.getpid(), "host", GiB, GiB)],
                          [dict(GPUS[3], processes=[{"pid": child.pid, "used_bytes": GiB},
                                                    {"pid": 2 ** 22 + 1, "used_bytes": GiB}])])
@@ -162,6 +163,13 @@ def test_process_labels_read_this_hosts_proc_and_nothing_for_another_host():
     finally:
         child.kill()
         child.wait()
+    zombie = subprocess.Popen(["true"])  # exited, not yet waited for: no command line, as ps shows it
+    try:
+        assert wait_for(lambda: open("/proc/%d/stat" % zombie.pid).read().rsplit(")", 1)[1].split()[0] == "Z")
+        status["sessions"][0]["pid"] = zombie.pid
+        assert process_labels(status, hostname="here")[zombie.pid] == (me, "[true]")
+    finally:
+        zombie.wait()
 
 
 def test_a_pipe_gets_one_plain_frame_and_a_bad_sort_is_refused(memd):
@@ -213,6 +221,7 @@ def tmux(tmp_path):
 
 def test_top_in_a_real_80x24_terminal_sorts_on_keys_and_quits_on_q(tmp_path, fake_nvml, tmux):
     sleeper = subprocess.Popen(["sleep", "60"])
+    assert wait_for(lambda: open("/proc/%d/cmdline" % sleeper.pid, "rb").read().startswith(b"sleep"))
     fake_nvml.write(FAKE_GPUS.format(sleeper=sleeper.pid, me=os.getpid()))
     memd = Daemon(tmp_path, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.1"}).start()
     sessions = []

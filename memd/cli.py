@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     top.add_argument("--interval", metavar="S", type=float, default=1.0, help="seconds between redraws")
     top.add_argument("--once", action="store_true", help="print one frame and exit (1 when no daemon answers); "
                      "also what a pipe gets")
-    top.add_argument("--sort", choices=SORT_KEYS, default="gpu",
+    top.add_argument("--sort", metavar="KEY", choices=SORT_KEYS, default="gpu",
                      help="first sort column (keys < and > change it, r reverses): %(choices)s")
     top.set_defaults(run=_top)
 

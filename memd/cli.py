@@ -17,6 +17,7 @@ from memd import cli_call, cli_curves, cli_estimate
 from memd.client import DaemonUnavailable
 from memd.config import ConfigError
 from memd.core import VERSION
+from memd.top import SORT_KEYS
 
 GiB = 2 ** 30
 
@@ -78,10 +79,13 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(run=_doctor)
 
-    top = sub.add_parser("top", help="live view of the host, GPUs and sessions (Ctrl-C to leave)")
+    top = sub.add_parser("top", help="live view of the host, GPUs, their processes and sessions (q to leave)")
     _endpoint_args(top)
     top.add_argument("--interval", metavar="S", type=float, default=1.0, help="seconds between redraws")
-    top.add_argument("--once", action="store_true", help="print one frame and exit (1 when no daemon answers)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit (1 when no daemon answers); "
+                     "also what a pipe gets")
+    top.add_argument("--sort", metavar="KEY", choices=SORT_KEYS, default="gpu",
+                     help="first sort column (keys < and > change it, r reverses): %(choices)s")
     top.set_defaults(run=_top)
 
     cli_estimate.add_parser(sub)
@@ -194,13 +198,13 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _top(args: argparse.Namespace) -> int:
-    from memd import top
+    from memd import top, top_screen
 
     if args.interval <= 0:
         print("memd: --interval must be positive", file=sys.stderr)
         return 2
-    return top.run(lambda: cli_call.call("status", args), interval=args.interval,
-                   once=args.once, unavailable=DaemonUnavailable)
+    return top_screen.run(lambda: cli_call.call("status", args), interval=args.interval,
+                          once=args.once, unavailable=DaemonUnavailable, view=top.View(sort=args.sort))
 
 
 def _print_machine(snap: dict) -> None:

@@ -178,7 +178,7 @@ def test_top_render_marks_unhealthy_and_unified_gpus():
     assert "up 1h06m" in text and "HIGH" in text
     assert "[##################......]  75%" in text  # host: 48 of 64 GiB used
     assert "UNHEALTHY: GPU is lost" in text and "unified (host RAM)" in text
-    assert "30/40" in text and " 50%" in text
+    assert "30.0/40.0" in text and " 50%" in text
     assert "psi   not available" in text and "! nvml: GPU lost" in text
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlsplit
 
-from memd.client import protocol
+from memd.client.endpoint import SYSTEM_SOCKET, user_socket_path
 
 
 class ConfigError(ValueError):
@@ -57,7 +57,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class Config:
-    endpoint: Optional[str] = None  # None: the default for this user (see protocol.default_endpoint)
+    endpoint: Optional[str] = None  # None: the default for this user (see memd.client.endpoint.default_endpoint)
     metrics_address: str = "127.0.0.1:9463"  # HOST:PORT, or "off"
     interval: float = 0.2  # seconds between samples of the cheap signals
     job_interval: float = 2.0  # seconds between reads of each job's process tree
@@ -77,8 +77,8 @@ class Config:
         if os.environ.get("MEMD_ENDPOINT"):
             return os.environ["MEMD_ENDPOINT"]
         if os.geteuid() == 0:
-            return "ipc://" + protocol.SYSTEM_SOCKET
-        return "ipc://" + protocol.user_socket_path()
+            return "ipc://" + SYSTEM_SOCKET
+        return "ipc://" + user_socket_path()
 
     def resolved_state_dir(self) -> str:
         if self.state_dir:

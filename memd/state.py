@@ -41,7 +41,7 @@ class Memory:
     observations: Tuple[Observation, ...]
     ceiling: Optional[int]
     updated: float
-    clean_runs: int = 0  # runs since the ceiling that went clean at it (sessions.Session.learned)
+    clean_runs: int = 0  # runs since the ceiling that went clean at it (sessions.SessionRecord.learned)
 
 
 class StateStore:
@@ -130,7 +130,7 @@ class StateStore:
     def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int],
                  clean_runs: int = 0) -> None:
         points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0]
-        while len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (Session.observe)
+        while len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (SessionRecord.observe)
             counts = collections.Counter(b for b, _ in points)
             most = max(counts.values())
             del points[next(i for i, (b, _) in enumerate(points) if counts[b] == most)]

@@ -349,10 +349,10 @@ def test_a_session_long_at_one_batch_keeps_the_other_batch_sizes_it_saw():
     reported batch size first."""
     from memd.policy.controller import Limits
     from memd.policy.fit import fit
-    from memd.sessions import HISTORY, Session
+    from memd.sessions import HISTORY, SessionRecord
 
     MiB = 2 ** 20
-    session = Session(token="t", sid=1, job="loader", pid=7, host="h", local=True, start_time=None,
+    session = SessionRecord(token="t", sid=1, job="loader", pid=7, host="h", local=True, start_time=None,
                       limits=Limits(), created=0.0, last_seen=0.0)
     for i, peak in enumerate((732, 734, 734)):
         session.observe(Observation(32, peak * MiB, warmup=i == 0))

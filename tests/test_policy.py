@@ -363,9 +363,9 @@ def test_worker_cpus_are_shared_among_the_nodes_ranks_once():
     halved; the client's own count, sent before any read, was halved by the client already."""
     from memd.planner import worker_facts
     from memd.sampling.snapshot import JobMemory, ProcessMemory
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
-    session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
                       created=0.0, last_seen=0.0, cpus=4.0, local_world_size=2)
     assert worker_facts(session, None, PolicyConfig()).cpus == 4.0
     job = JobMemory(pid=7, processes=(ProcessMemory(7, 1, "trainer", 1, None, None),), cgroup=None, errors=(),

@@ -389,3 +389,28 @@ def test_a_session_long_at_one_batch_keeps_the_other_batch_sizes_it_saw():
     assert session.observations[-1].batch == 1
     curve = fit(session.observations, kills=True)
     assert curve.source == "fit" and curve.batch_sizes == 2 and curve.max_batch(950 * MiB) > 100
+
+
+# -- logs --------------------------------------------------------------------------------------
+
+
+def test_each_log_line_names_its_logger():
+    """structlog's print logger drops the name given to get_logger: the log said what happened,
+    not which part of the daemon said it."""
+    import io
+    import json
+
+    import structlog
+
+    from memd.logs import configure_logging
+
+    stream = io.StringIO()
+    configure_logging(config.Config(log_format="json"), stream=stream)
+    try:
+        structlog.get_logger("memd.server").warning("refused", code="invalid")
+        structlog.get_logger().warning("unnamed")
+    finally:
+        structlog.reset_defaults()  # this process's other tests log as before
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (first["logger"], first["event"], first["code"], second["logger"]) == ("memd.server", "refused", "invalid",
+                                                                                  "memd")

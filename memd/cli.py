@@ -17,8 +17,7 @@ from memd import cli_call, cli_curves, cli_estimate
 from memd.client import DaemonUnavailable
 from memd.config import ConfigError
 from memd.core import VERSION
-
-GiB = 2 ** 30
+from memd.units import GiB, MiB
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -234,4 +233,4 @@ def _gib(value) -> str:
 
 
 def _mib(value) -> str:
-    return "-" if value is None else "%.1f" % (value / 2 ** 20)
+    return "-" if value is None else "%.1f" % (value / MiB)

@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlsplit
 
 from memd.client.endpoint import SYSTEM_SOCKET, user_socket_path
+from memd.units import GB, MiB
 
 
 class ConfigError(ValueError):
@@ -28,10 +29,10 @@ class PolicyConfig:
     # memory, allocator rounding, others' growth between samples. The job's own spread is in
     # the curve, so this stays small: 1 % of the pool, at least 16 MiB.
     margin_ratio: float = 0.01
-    margin_min_bytes: int = 16 * 1024 ** 2
+    margin_min_bytes: int = 16 * MiB
     # Kept for the OS out of the machine's RAM (never out of a job's own cgroup, where no OS
     # lives): seed 000's 8 GB, at most os_reserve_max_ratio of the RAM.
-    os_reserve_bytes: int = 8 * 10 ** 9
+    os_reserve_bytes: int = 8 * GB
     os_reserve_max_ratio: float = 0.10
     elevated_some_avg10: float = 0.10  # PSI "some" ratio: tasks stalled on memory 10 % of the time
     high_some_avg10: float = 0.25

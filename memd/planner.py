@@ -20,6 +20,7 @@ from memd.policy.growth import growth
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
 from memd.sessions import OWNER, SessionRecord
+from memd.units import GiB
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
 MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of each kept
@@ -43,7 +44,7 @@ def pool_key(pool: budget.Pool, snapshot: Snapshot) -> str:
     for gpu in snapshot.gpus:
         if gpu.uuid == pool.name:
             return gpu_key(gpu)
-    return "%s:%d" % (pool.kind, pool.capacity_bytes // 2 ** 30)
+    return "%s:%d" % (pool.kind, pool.capacity_bytes // GiB)
 
 
 def gpu_key(gpu: Gpu) -> str:

@@ -11,7 +11,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, TextIO, Type
 
-GiB = 2 ** 30
+from memd.units import GiB
+
 CLEAR = "\x1b[H\x1b[2J"
 
 

@@ -16,8 +16,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from memd.client.plan import split_batch
 from memd.policy.fit import Prior
-
-GB = 10 ** 9
+from memd.units import GB
 
 
 class EstimateError(ValueError):

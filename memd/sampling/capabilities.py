@@ -12,6 +12,8 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
 
+from memd.units import GiB
+
 from . import cgroup as cgroup_module
 from . import platform, system
 from .nvml import Nvml
@@ -109,7 +111,7 @@ def check_cgroup(proc_root: str = "/proc") -> Capability:
         return Capability("cgroup", False, "memory cgroup unreadable: %s" % (exc,))
     if cg is None:
         return Capability("cgroup", False, "no memory cgroup controller mounted: host limits only")
-    limit = "unlimited" if cg.limit_bytes is None else "limit %.2f GiB" % (cg.limit_bytes / 2 ** 30)
+    limit = "unlimited" if cg.limit_bytes is None else "limit %.2f GiB" % (cg.limit_bytes / GiB)
     return Capability("cgroup", True, "v%d %s, %s" % (cg.version, cg.path, limit))
 
 

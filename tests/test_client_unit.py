@@ -358,3 +358,16 @@ def test_a_step_trims_only_while_that_is_cheap_beside_it():
     now[0] += 10.0
     trimmer.step_ended()
     assert len(trims) == 4
+
+
+def test_one_stat_parser_for_both_ends():
+    """A command name holding spaces and parentheses, a line cut short, and no stat line at all:
+    the daemon's sampler and the client's hello read /proc/PID/stat through this one function."""
+    from memd.client.procstat import ProcStat, parse_stat
+
+    fields = ["S", "41"] + [str(n) for n in range(2, 19)] + ["123456", "0"]  # utime 11, stime 12
+    assert parse_stat("42 (a) (b c)) %s\n" % " ".join(fields)) == ProcStat("a) (b c)", 41, 11 + 12, 123456)
+    assert parse_stat("42 (x) S 41 7") == ProcStat("x", 41, None, None)
+    for bad in ("", "42 (x) S", "no parentheses"):
+        with pytest.raises(ValueError):
+            parse_stat(bad)

@@ -10,6 +10,7 @@ import sys
 from typing import Any, Dict, List, Optional
 
 from . import protocol
+from .procstat import parse_stat
 
 
 def usable_cpus() -> Optional[int]:
@@ -61,8 +62,10 @@ def process_identity(proc_root: str = "/proc") -> Dict[str, Any]:
         pass
     try:
         with open(os.path.join(proc_root, "self", "stat")) as f:
-            fields["start_time"] = int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+            start = parse_stat(f.read()).start_time
+        if start is not None:
+            fields["start_time"] = start
+    except (OSError, ValueError):
         pass
     return {name: value for name, value in fields.items()
             if protocol.FIELD_RANGES[name][0] <= value <= protocol.FIELD_RANGES[name][1]}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import os
 import platform as _platform
-import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -54,9 +53,7 @@ def check_all(nvml: Optional[Nvml] = None, proc_root: str = "/proc", etc_root: s
 def host_total_bytes(proc_root: str = "/proc") -> Optional[int]:
     """The host's RAM as the Sampler reads it (meminfo on Linux, else psutil); None if unreadable."""
     try:
-        if sys.platform.startswith("linux"):
-            return system.read_meminfo(proc_root).total_bytes
-        return system.read_system_memory().total_bytes
+        return system.read_host_memory(proc_root).total_bytes
     except (OSError, ValueError, KeyError):
         return None
 

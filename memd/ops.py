@@ -14,6 +14,7 @@ import structlog
 
 from memd import curves as learned
 from memd.client import protocol
+from memd.client.counts import at_least, whole
 from memd.core import VERSION, Core
 from memd.planner import check_remembered, identify, plan_session, prior_from_hints
 from memd.policy.budget import HOST, job_pids
@@ -75,8 +76,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
         raise Invalid("hints must be a map of at most 64 scalars")
     hints, ignored = _bounded_hints(hints)
     limits = Limits(limits.min_batch, limits.max_batch, limits.default_batch, limits.target,
-                    num_workers=_hint_count(hints, "num_workers"),
-                    prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
+                    num_workers=at_least(hints.get("num_workers"), 0),
+                    prefetch_factor=at_least(hints.get("prefetch_factor"), 1))
     pid = _int(req, "pid", required=True)
     rank, world_size = _int(req, "rank"), _int(req, "world_size")
     if rank is not None and world_size is not None and rank >= world_size:
@@ -455,7 +456,7 @@ def _int(req: Dict[str, Any], name: str, required: bool = False, default: Option
         if required:
             raise Invalid("%s is required" % name)
         return default
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not whole(value):
         raise Invalid("%s must be an integer, not %s" % (name, type(value).__name__))
     low, high = protocol.FIELD_RANGES[name]
     if not low <= value <= high:
@@ -506,9 +507,3 @@ def _bounded_hints(hints: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
             ignored.append(problem)
     return kept, ignored
 
-
-def _hint_count(hints: Dict[str, Any], name: str, low: int = 0) -> Optional[int]:
-    value = hints.get(name)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= low:
-        return value
-    return None

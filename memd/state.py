@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import structlog
 
+from memd.client.counts import whole
 from memd.policy.fit import Observation
 from memd.sessions import OWNER
 
@@ -278,4 +279,4 @@ def _valid(key: object, entry: object) -> bool:
 
 
 def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INT
+    return whole(value) and 0 < value <= MAX_INT

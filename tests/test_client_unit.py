@@ -371,3 +371,13 @@ def test_one_stat_parser_for_both_ends():
     for bad in ("", "42 (x) S", "no parentheses"):
         with pytest.raises(ValueError):
             parse_stat(bad)
+
+
+def test_one_rule_for_whole_numbers():
+    """True is an int to Python and a count to nobody: the wire, hints, state files and the
+    estimators all ask memd.client.counts."""
+    from memd.client.counts import at_least, whole
+
+    assert [whole(v) for v in (0, -3, 2 ** 70, True, False, 1.0, "1", None)] == [True] * 3 + [False] * 5
+    assert (at_least(4, 1), at_least(0, 1), at_least(True, 0), at_least(2.0, 0), at_least(None, 0)) == (
+        4, None, None, None, None)

@@ -7,6 +7,7 @@ from typing import Any, Optional, Set
 
 from .checks import warn_once
 from .conversation import Session
+from .counts import whole
 from .heap import trim_heap
 
 _process_session: Optional[Session] = None
@@ -47,7 +48,7 @@ def _usable_default(default: Any) -> int:
     """``default`` as the int suggest_batch promises; one that is not a whole number of at least
     1 ('big', 0, NaN, True) is 1, the batch that fits wherever any does, with a warning once.
     Returned as given, a default of 'big' came back as 'big' from every call."""
-    if isinstance(default, int) and not isinstance(default, bool) and default >= 1:
+    if whole(default) and default >= 1:
         return default
     if isinstance(default, float) and default.is_integer() and default >= 1:
         return int(default)

@@ -21,7 +21,10 @@ and installs no fork hook. Where each name lives:
 - oneshot.py: ``call``, ``DaemonUnavailable``, ``Refused`` (one request, for tools)
 - plan.py: ``Plan``, ``split_batch``; heap.py: ``trim_heap``, ``steady_heap``
 - protocol.py (wire schema), endpoint.py (default endpoint), curve.py (CURVE keys),
-  training.py and loader.py (torch and framework integrations), identity.py, checks.py
+  training.py and loader.py (torch and framework integrations), identity.py (who is asking),
+  checks.py (a caller's arguments checked)
+- counts.py (the whole-number rule) and procstat.py (/proc/PID/stat), plain Python the daemon
+  shares
 """
 from __future__ import annotations
 
@@ -45,8 +48,8 @@ _HOME = {
     "session": "suggest", "call": "oneshot", "DaemonUnavailable": "oneshot", "Refused": "oneshot",
     "trim_heap": "heap", "steady_heap": "heap", "usable_cpus": "identity",
 }
-_MODULES = ("checks", "conversation", "curve", "endpoint", "heap", "identity", "loader", "oneshot", "plan",
-            "protocol", "suggest", "training", "transport")
+_MODULES = ("checks", "conversation", "counts", "curve", "endpoint", "heap", "identity", "loader", "oneshot", "plan",
+            "procstat", "protocol", "suggest", "training", "transport")
 
 
 def __getattr__(name: str) -> Any:

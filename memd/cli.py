@@ -18,8 +18,7 @@ from memd.client import DaemonUnavailable
 from memd.config import ConfigError
 from memd.core import VERSION
 from memd.top import SORT_KEYS
-
-GiB = 2 ** 30
+from memd.units import GiB, MiB
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -238,4 +237,4 @@ def _gib(value) -> str:
 
 
 def _mib(value) -> str:
-    return "-" if value is None else "%.1f" % (value / 2 ** 20)
+    return "-" if value is None else "%.1f" % (value / MiB)

@@ -17,8 +17,8 @@ from typing import Any, Callable, Dict, List, Optional
 from memd import cli_call
 from memd.client import DaemonUnavailable, Refused, protocol
 from memd.sessions import CLEAN_RUNS
+from memd.units import GiB
 
-GiB = 2 ** 30
 WIDTH = 80  # `memd curves` fits a terminal of this many columns (a long job name aside)
 LABEL = 12  # the field names' column
 

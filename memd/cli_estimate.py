@@ -13,8 +13,8 @@ from dataclasses import asdict
 from typing import Optional
 
 from memd.policy import estimate as est
+from memd.units import GB
 
-GB = est.GB
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 

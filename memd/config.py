@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlsplit
 
-from memd.client import protocol
+from memd.client.endpoint import SYSTEM_SOCKET, user_socket_path
+from memd.units import GB, MiB
 
 
 class ConfigError(ValueError):
@@ -27,10 +29,10 @@ class PolicyConfig:
     # memory, allocator rounding, others' growth between samples. The job's own spread is in
     # the curve, so this stays small: 1 % of the pool, at least 16 MiB.
     margin_ratio: float = 0.01
-    margin_min_bytes: int = 16 * 1024 ** 2
+    margin_min_bytes: int = 16 * MiB
     # Kept for the OS out of the machine's RAM (never out of a job's own cgroup, where no OS
     # lives): seed 000's 8 GB, at most os_reserve_max_ratio of the RAM.
-    os_reserve_bytes: int = 8 * 10 ** 9
+    os_reserve_bytes: int = 8 * GB
     os_reserve_max_ratio: float = 0.10
     elevated_some_avg10: float = 0.10  # PSI "some" ratio: tasks stalled on memory 10 % of the time
     high_some_avg10: float = 0.25
@@ -57,7 +59,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class Config:
-    endpoint: Optional[str] = None  # None: the default for this user (see protocol.default_endpoint)
+    endpoint: Optional[str] = None  # None: the default for this user (see memd.client.endpoint.default_endpoint)
     metrics_address: str = "127.0.0.1:9463"  # HOST:PORT, or "off"
     interval: float = 0.2  # seconds between samples of the cheap signals
     job_interval: float = 2.0  # seconds between reads of each job's process tree
@@ -77,8 +79,8 @@ class Config:
         if os.environ.get("MEMD_ENDPOINT"):
             return os.environ["MEMD_ENDPOINT"]
         if os.geteuid() == 0:
-            return "ipc://" + protocol.SYSTEM_SOCKET
-        return "ipc://" + protocol.user_socket_path()
+            return "ipc://" + SYSTEM_SOCKET
+        return "ipc://" + user_socket_path()
 
     def resolved_state_dir(self) -> str:
         if self.state_dir:
@@ -97,18 +99,20 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
     env = os.environ if environ is None else environ
     values: Dict[str, Any] = {}
     policy: Dict[str, Any] = {}
+    origins: Dict[str, str] = {}  # where each key's value came from: "policy.calm_seconds" -> "MEMD_..."
     if path:
-        _merge_file(path, values, policy)
-    _merge_env(env, values, policy)
+        _merge_file(path, values, policy, origins)
+    _merge_env(env, values, policy, origins)
     for name, value in (flags or {}).items():
         if value is not None:
-            values[name] = _coerce(Config, name, value, "--" + name.replace("_", "-"))
+            origins[name] = "--" + name.replace("_", "-")
+            values[name] = _coerce(Config, name, value, origins[name])
     config = Config(**values, policy=PolicyConfig(**policy))
-    validate(config)
+    validate(config, origins)
     return config
 
 
-def _merge_file(path: str, values: Dict[str, Any], policy: Dict[str, Any]) -> None:
+def _merge_file(path: str, values: Dict[str, Any], policy: Dict[str, Any], origins: Dict[str, str]) -> None:
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -125,18 +129,23 @@ def _merge_file(path: str, values: Dict[str, Any], policy: Dict[str, Any]) -> No
             if not isinstance(value, dict):
                 raise ConfigError("config key 'policy' in %s must be a table" % path)
             for pkey, pvalue in value.items():
-                policy[pkey] = _coerce(PolicyConfig, pkey, pvalue, "policy.%s in %s" % (pkey, path))
+                origins["policy." + pkey] = "policy.%s in %s" % (pkey, path)
+                policy[pkey] = _coerce(PolicyConfig, pkey, pvalue, origins["policy." + pkey])
         else:
-            values[key] = _coerce(Config, key, value, "%s in %s" % (key, path))
+            origins[key] = "%s in %s" % (key, path)
+            values[key] = _coerce(Config, key, value, origins[key])
 
 
-def _merge_env(env: Mapping[str, str], values: Dict[str, Any], policy: Dict[str, Any]) -> None:
+def _merge_env(env: Mapping[str, str], values: Dict[str, Any], policy: Dict[str, Any],
+               origins: Dict[str, str]) -> None:
     for f in dataclasses.fields(Config):
         if f.name != "policy" and env.get("MEMD_" + f.name.upper()):
-            values[f.name] = _coerce(Config, f.name, env["MEMD_" + f.name.upper()], "MEMD_" + f.name.upper())
+            origins[f.name] = "MEMD_" + f.name.upper()
+            values[f.name] = _coerce(Config, f.name, env[origins[f.name]], origins[f.name])
     for f in dataclasses.fields(PolicyConfig):
         name = "MEMD_POLICY_" + f.name.upper()
         if env.get(name):
+            origins["policy." + f.name] = name
             policy[f.name] = _coerce(PolicyConfig, f.name, env[name], name)
 
 
@@ -163,21 +172,28 @@ def _coerce(cls: type, key: str, value: Any, origin: str) -> Any:
         raise ConfigError("config key '%s' must be %s, got %r (%s)" % (key, want, value, origin)) from None
 
 
-def validate(config: Config) -> None:
+def validate(config: Config, origins: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse a value no daemon could run with: one line naming the key and, where ``origins``
+    knows it, where the value came from (the file, the environment variable, the flag)."""
+    where = origins or {}
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError("config key '%s' %s%s" % (key, why, " (%s)" % where[key] if key in where else ""))
+
     if not config.interval > 0 or config.interval > 60:
-        raise ConfigError("config key 'interval' must be in (0, 60] seconds, got %r" % config.interval)
+        raise bad("interval", "must be in (0, 60] seconds, got %r" % config.interval)
     if not config.flush_interval > 0:
-        raise ConfigError("config key 'flush_interval' must be a positive number of seconds")
+        raise bad("flush_interval", "must be a positive number of seconds")
     if not config.job_interval >= config.interval:
-        raise ConfigError("config key 'job_interval' must be at least 'interval' (%s s)" % config.interval)
+        raise bad("job_interval", "must be at least 'interval' (%s s)" % config.interval)
     if config.max_sessions < 1:
-        raise ConfigError("config key 'max_sessions' must be at least 1")
+        raise bad("max_sessions", "must be at least 1")
     if not config.session_ttl > 0:
-        raise ConfigError("config key 'session_ttl' must be positive")
+        raise bad("session_ttl", "must be positive")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError("config key 'log_level' must be debug, info, warning or error")
+        raise bad("log_level", "must be debug, info, warning or error")
     if config.log_format not in ("auto", "json", "console"):
-        raise ConfigError("config key 'log_format' must be auto, json or console")
+        raise bad("log_format", "must be auto, json or console")
     check_curve(config)
     if config.endpoint:
         check_endpoint(config.endpoint, secure=bool(config.curve_secret_key_file))
@@ -188,14 +204,22 @@ def validate(config: Config) -> None:
                  "critical_full_avg10", "critical_available_ratio", "oom_cut", "min_gain", "peak_spread_host",
                  "peak_spread_gpu"):
         if not 0 <= getattr(p, name) < 1:
-            raise ConfigError("config key 'policy.%s' must be a ratio in [0, 1)" % name)
+            raise bad("policy." + name, "must be a ratio in [0, 1), got %r" % getattr(p, name))
     if not p.elevated_some_avg10 <= p.high_some_avg10:
-        raise ConfigError("config key 'policy.high_some_avg10' must be >= 'policy.elevated_some_avg10'")
+        raise bad("policy.high_some_avg10", "must be >= 'policy.elevated_some_avg10'")
+    for name in ("margin_min_bytes", "os_reserve_bytes"):  # bytes: beyond 1 PiB is no machine's
+        if not 0 <= getattr(p, name) <= 2 ** 50:
+            raise bad("policy." + name, "must be a number of bytes in [0, 2**50], got %r" % getattr(p, name))
+    if not 0 <= p.calm_seconds < math.inf:
+        raise bad("policy.calm_seconds", "must be a finite number of seconds >= 0, got %r" % p.calm_seconds)
     if not p.worker_horizon_seconds >= 0:
-        raise ConfigError("config key 'policy.worker_horizon_seconds' must be a number of seconds >= 0")
-    if p.stable_steps < 1 or not p.max_growth > 1 or not p.plan_fresh_seconds > 0:
-        raise ConfigError("config keys 'policy.stable_steps' >= 1, 'policy.max_growth' > 1 and "
-                          "'policy.plan_fresh_seconds' > 0 are required")
+        raise bad("policy.worker_horizon_seconds", "must be a number of seconds >= 0")
+    if p.stable_steps < 1:
+        raise bad("policy.stable_steps", "must be at least 1, got %r" % p.stable_steps)
+    if not p.max_growth > 1:
+        raise bad("policy.max_growth", "must be > 1, got %r" % p.max_growth)
+    if not p.plan_fresh_seconds > 0:
+        raise bad("policy.plan_fresh_seconds", "must be a positive number of seconds, got %r" % p.plan_fresh_seconds)
 
 
 def check_curve(config: Config) -> None:

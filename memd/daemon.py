@@ -29,7 +29,7 @@ from memd.sampling import procs
 from memd.sampling.sampler import Sampler
 from memd.sampling.snapshot import Snapshot
 from memd.server import Server
-from memd.sessions import Session, Sessions
+from memd.sessions import SessionRecord, Sessions
 from memd.state import StateStore
 
 log = structlog.get_logger("memd")
@@ -189,7 +189,7 @@ class Daemon:
         handlers["hello"] = lambda req: ops.hello(self.core, req, self.server.peer)  # who asks, as the kernel says
         return handlers
 
-    def _alive(self, session: Session) -> bool:
+    def _alive(self, session: SessionRecord) -> bool:
         if not session.local:
             return True  # only silence (ttl) ends a session whose process memd cannot see
         return procs.process_start_time(session.pid, self.core.proc_root) == session.start_time

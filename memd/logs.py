@@ -17,15 +17,32 @@ def configure_logging(cfg: Config, stream=None) -> None:
     renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[
+            structlog.stdlib.add_logger_name,  # "logger": the name given to get_logger ("memd.server")
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, cfg.log_level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        logger_factory=NamedPrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+
+
+class NamedPrintLogger(structlog.PrintLogger):
+    """A PrintLogger that keeps the name it was asked for: structlog's PrintLoggerFactory drops it."""
+
+    def __init__(self, file, name: str):
+        super().__init__(file)
+        self.name = name
+
+
+class NamedPrintLoggerFactory:
+    def __init__(self, file):
+        self.file = file
+
+    def __call__(self, *args) -> NamedPrintLogger:
+        return NamedPrintLogger(self.file, str(args[0]) if args else "memd")
 
 
 class Throttle:

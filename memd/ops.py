@@ -14,6 +14,7 @@ import structlog
 
 from memd import curves as learned
 from memd.client import protocol
+from memd.client.counts import at_least, whole
 from memd.core import VERSION, Core
 from memd.planner import check_remembered, identify, plan_session, prior_from_hints
 from memd.policy.budget import HOST, job_pids
@@ -22,7 +23,7 @@ from memd.policy.fit import Observation
 from memd.sampling import cgroup as cgroups
 from memd.sampling import procs
 from memd.sampling.snapshot import Cgroup, as_json
-from memd.sessions import OWNER, Peer, Session, TooManySessions
+from memd.sessions import OWNER, Peer, SessionRecord, TooManySessions
 from memd.state import MAX_KEY_CHARS, Memory
 
 Result = Dict[str, Any]
@@ -80,8 +81,8 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
         raise Invalid("hints must be a map of at most 64 scalars")
     hints, ignored = _bounded_hints(hints)
     limits = Limits(limits.min_batch, limits.max_batch, limits.default_batch, limits.target,
-                    num_workers=_hint_count(hints, "num_workers"),
-                    prefetch_factor=_hint_count(hints, "prefetch_factor", 1))
+                    num_workers=at_least(hints.get("num_workers"), 0),
+                    prefetch_factor=at_least(hints.get("prefetch_factor"), 1))
     pid = _int(req, "pid", required=True)
     rank, world_size = _int(req, "rank"), _int(req, "world_size")
     if rank is not None and world_size is not None and rank >= world_size:
@@ -185,7 +186,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
         session.note_peak(core.clock(), peak)
     session.reports += 1
     if session.at_ceiling and batch == session.state.batch:
-        session.ceiling_steps += 1  # a clean step held at its ceiling (Session.learned)
+        session.ceiling_steps += 1  # a clean step held at its ceiling (SessionRecord.learned)
     session.state = after_report(session.state, batch)
     planned = session.plan
     if planned is not None and _as_planned(core, session, batch, peak):
@@ -194,7 +195,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     return {"plan": _decide(core, session).plan.to_wire()}
 
 
-def _as_planned(core: Core, session: Session, batch: int, peak: Optional[int]) -> bool:
+def _as_planned(core: Core, session: SessionRecord, batch: int, peak: Optional[int]) -> bool:
     """A step that went as its plan predicted (at the planned batch, its peak within the
     predicted one) decided on the same sample of the machine as the plan: it is learned from at
     the next decision, a sample (``interval``) later at most, not now. A job reports every step
@@ -306,7 +307,7 @@ HANDLERS: Dict[str, Callable[[Core, Dict[str, Any]], Result]] = {
 assert set(HANDLERS) == set(protocol.OPS)
 
 
-def end(core: Core, session: Session, why: str) -> None:
+def end(core: Core, session: SessionRecord, why: str) -> None:
     """What ending a session means, however it ends ("bye"; "expired": silent past the ttl or its
     process gone, found by housekeeping or by a hello that needed the room; "evicted": its slot
     given to another user's job, Sessions.crowding): the other
@@ -325,10 +326,10 @@ def expire(core: Core) -> None:
         end(core, session, "expired")
 
 
-def remember(core: Core, session: Session) -> None:
+def remember(core: Core, session: SessionRecord) -> None:
     """Keep a session's observations (and OOM ceiling, with the clean runs at it) for the job's
     next run, under the key its hello looked them up with (planner.identify); only what it
-    learned since its job was last forgotten (Session.learned). Written again at each flush
+    learned since its job was last forgotten (SessionRecord.learned). Written again at each flush
     while it runs: each write is the whole of this run's learning, so none counts twice.
     Only a session whose process the daemon watches (local: on this host, its pid checked)
     writes: one report under the name `llama-ft` from elsewhere replaced that job's curve (its
@@ -341,7 +342,7 @@ def remember(core: Core, session: Session) -> None:
     core.store.remember(session.job, session.pool_key, observations, ceiling, clean_runs)
 
 
-def _recall(core: Core, session: Session) -> Optional[Memory]:
+def _recall(core: Core, session: SessionRecord) -> Optional[Memory]:
     """What earlier runs of the session's job left under its key; else, for a job memd now
     knows the owner of, what an earlier memd kept before keys had owners (read, never written:
     its next save is its owner's)."""
@@ -353,7 +354,7 @@ def _recall(core: Core, session: Session) -> Optional[Memory]:
     return memory
 
 
-def _decide(core: Core, session: Session):
+def _decide(core: Core, session: SessionRecord):
     """plan_session, memoised until one of its inputs changes.
 
     A decision is a pure function of the published snapshot, pressure, job trees, config and
@@ -420,7 +421,7 @@ def _job_cgroup(core: Core, pid: int) -> Optional[Cgroup]:
         return None
 
 
-def _measure_peak(core: Core, session: Session) -> Optional[int]:
+def _measure_peak(core: Core, session: SessionRecord) -> Optional[int]:
     """The job's peak since its last report, measured here: on a GPU pool what NVML attributes
     to the job's processes on that GPU (it includes what PyTorch's allocator keeps reserved);
     on the host pool the trainer's peak RSS. None when unknown: a guess from another pool, or
@@ -441,7 +442,7 @@ def _measure_peak(core: Core, session: Session) -> Optional[int]:
     return peak
 
 
-def _session_view(s: Session) -> Result:
+def _session_view(s: SessionRecord) -> Result:
     return {
         "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool, "pool_key": s.pool_key,
         "reports": s.reports, "ooms": s.ooms, "latest_batch": s.latest_batch,
@@ -470,7 +471,7 @@ def _int(req: Dict[str, Any], name: str, required: bool = False, default: Option
         if required:
             raise Invalid("%s is required" % name)
         return default
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not whole(value):
         raise Invalid("%s must be an integer, not %s" % (name, type(value).__name__))
     low, high = protocol.FIELD_RANGES[name]
     if not low <= value <= high:
@@ -521,9 +522,3 @@ def _bounded_hints(hints: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
             ignored.append(problem)
     return kept, ignored
 
-
-def _hint_count(hints: Dict[str, Any], name: str, low: int = 0) -> Optional[int]:
-    value = hints.get(name)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= low:
-        return value
-    return None

@@ -19,7 +19,8 @@ from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.growth import growth
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
-from memd.sessions import OWNER, Session
+from memd.sessions import OWNER, SessionRecord
+from memd.units import GiB
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
 MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of each kept
@@ -28,7 +29,7 @@ MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of 
 GROWTH_AHEAD = 10.0
 
 
-def pool_for(session: Session, snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> budget.Pool:
+def pool_for(session: SessionRecord, snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> budget.Pool:
     if snapshot.memory_model == DISCRETE:
         pids = budget.job_pids(job) if job is not None else [session.pid]
         gpu = budget.find_gpu(snapshot.gpus, session.device_uuid, session.device, session.visible_devices, pids)
@@ -43,14 +44,14 @@ def pool_key(pool: budget.Pool, snapshot: Snapshot) -> str:
     for gpu in snapshot.gpus:
         if gpu.uuid == pool.name:
             return gpu_key(gpu)
-    return "%s:%d" % (pool.kind, pool.capacity_bytes // 2 ** 30)
+    return "%s:%d" % (pool.kind, pool.capacity_bytes // GiB)
 
 
 def gpu_key(gpu: Gpu) -> str:
     return "gpu:%s:%d" % (gpu.name, gpu.total_bytes or 0)
 
 
-def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optional[str]:
+def identify(session: SessionRecord, snapshot: Snapshot, cfg: PolicyConfig) -> Optional[str]:
     """The key a job's curves are looked up and saved under: its pool, from what is known when
     it says hello, then its configuration and owner (comparable()). The pool: its own cgroup (read
     then, ``session.cgroup``) on the host, the GPU it names on a discrete machine (else the
@@ -72,12 +73,12 @@ def identify(session: Session, snapshot: Snapshot, cfg: PolicyConfig) -> Optiona
     return pool_key(budget.host_pool(snapshot, None, cfg, session.cgroup), snapshot) + comparable(session)
 
 
-def comparable(session: Session) -> str:
+def comparable(session: SessionRecord) -> str:
     """What follows the pool in a job's key: its configuration, then its owner."""
     return configuration(session) + ownership(session)
 
 
-def ownership(session: Session) -> str:
+def ownership(session: SessionRecord) -> str:
     """"@uid:N", the user its process runs as ("" when not known: a session memd cannot watch,
     whose learning is never kept). Curves are their owner's: another user's job of the same name
     neither reads nor overwrites them, and a user who fills the store evicts their own first
@@ -89,7 +90,7 @@ def ownership(session: Session) -> str:
 NOT_CONFIGURATION = ("num_workers", "prefetch_factor")
 
 
-def configuration(session: Session) -> str:
+def configuration(session: SessionRecord) -> str:
     """What else must match for a remembered curve to apply, as a pool key's suffix: the job's
     model hints and its max and target batch. Runs of one job name with another model size, or
     another max_batch, are learned apart: an OOM ceiling or a curve from one is not the other's
@@ -103,20 +104,21 @@ def configuration(session: Session) -> str:
     return "#" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
-def on_cpu(session: Session) -> bool:
+def on_cpu(session: SessionRecord) -> bool:
     """The job says it trains on the CPU (``device`` "cpu"), on a machine that has GPUs."""
     return (session.device or "").split(":")[0].strip().lower() == "cpu"
 
 
 class Neighbour(NamedTuple):
-    held: int  # what it held when the snapshot was taken (Session.peak_held_at)
+    held: int  # what it held when the snapshot was taken (SessionRecord.peak_held_at)
     predicted: Optional[float]  # the peak its plan predicts
     wanted: Optional[int]  # the peak it would plan for with the pool to itself
 
 
-def neighbours(session: Session, pool_name: Optional[str], sessions: Iterable[Session], at: float) -> List[Neighbour]:
+def neighbours(session: SessionRecord, pool_name: Optional[str], sessions: Iterable[SessionRecord],
+               at: float) -> List[Neighbour]:
     """The other sessions in a pool whose claims count against this one's room, as of the
-    snapshot taken ``at``: those whose process the daemon watches (Session.local: on this host,
+    snapshot taken ``at``: those whose process the daemon watches (SessionRecord.local: on this host,
     its pid checked). What any other peer claims (another host, a pid it cannot check) is taken
     for its own plan only: one such session claiming 20 GB of fixed memory cut a real job's plan
     from 1034 to 58, four to 1. Their real use, where it is on this machine, is in the pool's
@@ -141,7 +143,7 @@ def reserved_growth(others: Sequence[Neighbour]) -> int:
     return sum(max(0, int(o.predicted) - o.held) for o in others if o.predicted is not None)
 
 
-def share_for(session: Session, pool: budget.Pool, greedy: int, others: Sequence[Neighbour],
+def share_for(session: SessionRecord, pool: budget.Pool, greedy: int, others: Sequence[Neighbour],
               at: float) -> Optional[int]:
     """The session's fair share of its pool (budget.fair_share) beside the others, or None when
     it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised
@@ -153,7 +155,7 @@ def share_for(session: Session, pool: budget.Pool, greedy: int, others: Sequence
     return budget.fair_share(room, session.peak_held_at(at), held)
 
 
-def curve_for(session: Session, noise: float = NOISE, kills: bool = False):
+def curve_for(session: SessionRecord, noise: float = NOISE, kills: bool = False):
     """The session's curve (``noise``: the peak spread assumed for its pool until its reports
     show their own; ``kills``: an overshoot there is a kill, see fit). Until the job's first
     report past its warm-up, a curve its earlier runs left (same job, pool and configuration:
@@ -169,7 +171,7 @@ def curve_for(session: Session, noise: float = NOISE, kills: bool = False):
     return fit([], session.prior)
 
 
-def check_remembered(session: Session, first: Observation) -> None:
+def check_remembered(session: SessionRecord, first: Observation) -> None:
     """Keep a remembered curve only if it predicts this job's first real report."""
     if not session.remembered:
         return
@@ -178,7 +180,7 @@ def check_remembered(session: Session, first: Observation) -> None:
         session.remembered = []
 
 
-def steadied(pool: budget.Pool, session: Session, job: Optional[JobMemory]) -> budget.Pool:
+def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]) -> budget.Pool:
     """A host pool's room (free plus what the trainer holds), as the larger of this job read's
     and the one before: a read that lands in a step's large free comes tens of MiB low (one in
     forty after the sampler's median), and a real drop shows in two reads in a row."""
@@ -190,7 +192,7 @@ def steadied(pool: budget.Pool, session: Session, job: Optional[JobMemory]) -> b
     return replace(pool, free_bytes=max(0, room - pool.own_bytes))
 
 
-def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions: Iterable[Session],
+def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, sessions: Iterable[SessionRecord],
                  jobs: Dict[int, JobMemory], cfg: PolicyConfig) -> Decision:
     job = jobs.get(session.pid) if session.local else None
     pool = steadied(pool_for(session, snapshot, job, cfg), session, job)
@@ -275,7 +277,7 @@ def plan_session(session: Session, snapshot: Snapshot, host_level: str, sessions
     return decision
 
 
-def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
+def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
     """The job's workers as the policy needs them. A worker that copies a Python-object dataset
     as it reads it (seed 004) grows step by step and levels off at a copy of it. One worker's
     cost is the most of: what any worker reached this run (fresh ones copy the same dataset
@@ -326,7 +328,7 @@ def worker_facts(session: Session, job: Optional[JobMemory], cfg: PolicyConfig) 
                        growth=session.worker_growth if job is not None else 0, follows=session.follows_workers)
 
 
-def _settling(session: Session) -> bool:
+def _settling(session: SessionRecord) -> bool:
     """The planned batch has not run twice yet: the job's latest report is its first there since
     a change, or is still below it (a loader delivers the batches it prefetched at the old size
     first), so growth waits for what the planned batch costs."""

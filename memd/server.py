@@ -23,6 +23,7 @@ import structlog
 import zmq
 
 from memd.client import protocol
+from memd.client.counts import whole
 from memd.client.heap import trim_heap
 from memd.config import ConfigError
 from memd.logs import Throttle
@@ -218,7 +219,7 @@ class Server:
             if not isinstance(request, dict):
                 raise _Error(protocol.BAD_REQUEST, "a request must be a map, not %s" % type(request).__name__)
             request_id = request.get("id")
-            if not isinstance(request_id, int) or isinstance(request_id, bool):
+            if not whole(request_id):
                 request_id = None
                 raise _Error(protocol.BAD_REQUEST, "id must be an integer")
             if request.get("v") != protocol.VERSION:

@@ -32,7 +32,7 @@ class Peer(NamedTuple):
 
 
 UNWATCHED_SHARE = 0.25  # of max_sessions, at most, for sessions whose process memd cannot watch
-# Runs that must go clean at a remembered OOM ceiling before it is lifted (Session.learned).
+# Runs that must go clean at a remembered OOM ceiling before it is lifted (SessionRecord.learned).
 CLEAN_RUNS = 3
 
 
@@ -45,7 +45,9 @@ class TooManySessions(RuntimeError):
 
 
 @dataclass
-class Session:
+class SessionRecord:
+    """The daemon's record of one registered job (a client's ``memd.client.Session`` on the other end)."""
+
     token: str
     sid: int  # a small number naming the session in metrics and logs (the token is a secret)
     job: str
@@ -191,19 +193,19 @@ class Session:
 
 class Sessions:
     def __init__(self, max_sessions: int, ttl: float, clock: Callable[[], float],
-                 alive: Callable[[Session], bool]):
+                 alive: Callable[[SessionRecord], bool]):
         self.max_sessions = max_sessions
         self.ttl = ttl
         self.clock = clock
         self.alive = alive  # False once a local session's process is gone
-        self._by_token: Dict[str, Session] = {}
-        self._by_nonce: Dict[Tuple[str, int, str], Session] = {}
+        self._by_token: Dict[str, SessionRecord] = {}
+        self._by_nonce: Dict[Tuple[str, int, str], SessionRecord] = {}
         self._next_sid = 0
 
     def full(self) -> bool:
         return len(self._by_token) >= self.max_sessions
 
-    def open(self, **fields) -> Session:
+    def open(self, **fields) -> SessionRecord:
         """A new session; TooManySessions when full (the caller expires the dead ones first, and
         ends them: see ops.end), or when a quarter of the slots (UNWATCHED_SHARE) hold sessions
         whose process the daemon cannot watch and this would be one more: those end only after
@@ -216,13 +218,14 @@ class Sessions:
                                   "max_sessions)" % unwatched)
         now = self.clock()
         self._next_sid += 1
-        session = Session(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now, **fields)
+        session = SessionRecord(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now,
+                                **fields)
         self._by_token[session.token] = session
         if session.nonce is not None:
             self._by_nonce[(session.host, session.pid, session.nonce)] = session
         return session
 
-    def crowding(self, uid: Optional[int]) -> Optional[Session]:
+    def crowding(self, uid: Optional[int]) -> Optional[SessionRecord]:
         """When every slot is taken, the session a hello from ``uid`` may end to get one: the
         newest of the user holding the most, if that user holds at least two more than ``uid``
         does. Slots are shared max-min between users: one user alone may fill them all, but a
@@ -236,27 +239,27 @@ class Sessions:
             return None
         return max((s for s in self._by_token.values() if s.peer_uid == most), key=lambda s: s.sid)
 
-    def find(self, host: str, pid: int, nonce: str) -> Optional[Session]:
+    def find(self, host: str, pid: int, nonce: str) -> Optional[SessionRecord]:
         """The open session an earlier hello with this nonce opened for this process, if any."""
         session = self._by_nonce.get((host, pid, nonce))
         if session is not None:
             session.last_seen = self.clock()
         return session
 
-    def get(self, token: object) -> Session:
+    def get(self, token: object) -> SessionRecord:
         session = self._by_token.get(token) if isinstance(token, str) else None
         if session is None:
             raise UnknownSession("no session holds this token (expired, closed, or the daemon restarted)")
         session.last_seen = self.clock()
         return session
 
-    def close(self, token: str) -> Optional[Session]:
+    def close(self, token: str) -> Optional[SessionRecord]:
         session = self._by_token.pop(token, None)
         if session is not None and session.nonce is not None:
             self._by_nonce.pop((session.host, session.pid, session.nonce), None)
         return session
 
-    def expire(self) -> List[Session]:
+    def expire(self) -> List[SessionRecord]:
         """Drop sessions whose process is gone or that were silent longer than ``ttl``."""
         now = self.clock()
         gone = [s for s in self._by_token.values() if now - s.last_seen > self.ttl or not self.alive(s)]
@@ -264,7 +267,7 @@ class Sessions:
             self.close(session.token)
         return gone
 
-    def __iter__(self) -> Iterator[Session]:
+    def __iter__(self) -> Iterator[SessionRecord]:
         return iter(list(self._by_token.values()))
 
     def __len__(self) -> int:

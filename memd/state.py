@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import structlog
 
+from memd.client.counts import whole
 from memd.policy.fit import Observation
 from memd.sessions import OWNER
 
@@ -41,7 +42,7 @@ class Memory:
     observations: Tuple[Observation, ...]
     ceiling: Optional[int]
     updated: float
-    clean_runs: int = 0  # runs since the ceiling that went clean at it (sessions.Session.learned)
+    clean_runs: int = 0  # runs since the ceiling that went clean at it (sessions.SessionRecord.learned)
 
 
 class StateStore:
@@ -130,7 +131,7 @@ class StateStore:
     def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int],
                  clean_runs: int = 0) -> None:
         points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0]
-        while len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (Session.observe)
+        while len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (SessionRecord.observe)
             counts = collections.Counter(b for b, _ in points)
             most = max(counts.values())
             del points[next(i for i, (b, _) in enumerate(points) if counts[b] == most)]
@@ -278,4 +279,4 @@ def _valid(key: object, entry: object) -> bool:
 
 
 def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INT
+    return whole(value) and 0 < value <= MAX_INT

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-GiB = 2 ** 30
+from memd.units import GiB
+
 MIN_REASON = 10  # the reason column shrinks to this at 80 columns; it never vanishes
 
 # A line is segments of (text, style); styles: "" plain, "title", "head", "sorted" (the sort

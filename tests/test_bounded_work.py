@@ -105,9 +105,9 @@ def test_status_shows_a_prediction_past_64_bits_as_the_largest_it_can_carry():
     from memd import ops
     from memd.client import protocol
     from memd.policy.controller import Limits
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
-    session = Session(token="t", sid=1, job="j", pid=1, host="elsewhere", local=False, start_time=None,
+    session = SessionRecord(token="t", sid=1, job="j", pid=1, host="elsewhere", local=False, start_time=None,
                       limits=Limits(), created=0.0, last_seen=0.0, predicted_peak_bytes=2.0 ** 71)
     view = ops._session_view(session)
     assert view["predicted_peak_bytes"] == 2 ** 63 - 1

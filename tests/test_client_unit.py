@@ -7,6 +7,7 @@ import time
 import pytest
 
 from memd import client
+from memd.client import identity, suggest
 from memd.client.plan import Plan, fallback_plan, split_batch
 from realdaemon import memd_env
 
@@ -17,6 +18,24 @@ def test_import_pulls_in_none_of_the_daemons_dependencies():
             "('psutil', 'pynvml', 'prometheus_client', 'structlog', 'torch'))))")
     out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_the_plan_record_imports_no_transport():
+    """The daemon's pure policy shares memd.client.plan: importing it loads neither pyzmq nor
+    msgpack, and not the Session (whose module installs a fork hook)."""
+    code = ("import sys, json; import memd.client.plan, memd.client.endpoint; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('zmq', 'msgpack') "
+            "or m == 'memd.client.conversation')))")
+    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_every_public_name_is_there_on_first_use():
+    code = ("import json; from memd import client; "
+            "print(json.dumps([type(getattr(client, n)).__name__ for n in client.__all__ + ['protocol', 'curve']]))")
+    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == ["type", "type", "function", "function", "function", "function", "type", "type",
+                                      "function", "function", "module", "module"]
 
 
 @pytest.mark.parametrize("limit, target, min_batch, expected", [
@@ -106,14 +125,14 @@ class _Main:
     ([], None, None, "python"),
 ])
 def test_the_default_job_names_the_script_or_module_never_dash_c(argv, spec, orig_argv, expected):
-    name = client._default_job(argv, _Main(_Spec(spec) if spec else None), orig_argv or [])
+    name = identity.default_job(argv, _Main(_Spec(spec) if spec else None), orig_argv or [])
     assert name.startswith(expected) and (name == expected) == (not expected.endswith(":"))
     assert "-c" != name and len(name) <= 128
 
 
 def test_one_liners_are_told_apart_and_each_finds_itself_again():
     def name(command):
-        return client._default_job(["-c"], _Main(), ["python", "-X", "dev", "-c", command, "arg"])
+        return identity.default_job(["-c"], _Main(), ["python", "-X", "dev", "-c", command, "arg"])
     assert name("train(1)") == name("train(1)") != name("train(2)")
 
 
@@ -204,7 +223,7 @@ def test_suggest_batch_answers_at_once_whatever_the_target(monkeypatch, tmp_path
     import threading
 
     monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/none.sock" % tmp_path)
-    monkeypatch.setattr(client, "_process_session", None)
+    monkeypatch.setattr(suggest, "_process_session", None)
     answers = []
     thread = threading.Thread(target=lambda: answers.append(
         client.suggest_batch(default=32, target_effective_batch=2 ** 62, max_batch=64)), daemon=True)
@@ -217,7 +236,7 @@ def test_suggest_batch_answers_at_once_whatever_the_target(monkeypatch, tmp_path
                                                 (None, 1), (32.0, 32), (2.5, 1)])
 def test_suggest_batch_returns_an_int_whatever_its_default(monkeypatch, tmp_path, default, expected, caplog):
     monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/absent.sock" % tmp_path)
-    monkeypatch.setattr(client, "_process_session", None)
+    monkeypatch.setattr(suggest, "_process_session", None)
     batch = client.suggest_batch(default=default, timeout=0.05)
     assert batch == expected and type(batch) is int
     if expected == 1:
@@ -226,18 +245,27 @@ def test_suggest_batch_returns_an_int_whatever_its_default(monkeypatch, tmp_path
 
 def test_suggest_batch_never_raises(monkeypatch, tmp_path):
     monkeypatch.setenv("MEMD_ENDPOINT", "ipc://%s/none.sock" % tmp_path)
-    monkeypatch.setattr(client, "_process_session", None)
+    monkeypatch.setattr(suggest, "_process_session", None)
     assert client.suggest_batch(default=32) == 32
     assert client.suggest_batch(default=32, min_batch="bad") == 32
 
 
 def test_default_endpoint_rules(tmp_path):
+    """MEMD_ENDPOINT, else the system socket when it exists, else the per-user one. The system
+    socket is named by the test (a file here, then none), so neither branch depends on whether
+    this machine runs the memd service."""
     from memd.client import protocol
-    assert protocol.default_endpoint({"MEMD_ENDPOINT": "tcp://127.0.0.1:5"}) == "tcp://127.0.0.1:5"
+    system = tmp_path / "run" / "memd.sock"
+    assert protocol.default_endpoint({"MEMD_ENDPOINT": "tcp://127.0.0.1:5"}, str(system)) == "tcp://127.0.0.1:5"
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-    if not __import__("os").path.exists(protocol.SYSTEM_SOCKET):
-        assert protocol.default_endpoint(env) == "ipc://%s/memd.sock" % tmp_path
-        assert protocol.default_endpoint({}).startswith("ipc:///tmp/memd-")
+    assert protocol.default_endpoint(env, str(system)) == "ipc://%s/memd.sock" % tmp_path
+    assert protocol.default_endpoint({}, str(system)) == "ipc:///tmp/memd-%d/memd.sock" % __import__("os").getuid()
+    system.parent.mkdir()
+    system.write_bytes(b"")
+    assert protocol.default_endpoint(env, str(system)) == "ipc://%s" % system
+    assert protocol.default_endpoint({}, str(system)) == "ipc://%s" % system
+    assert protocol.default_endpoint(dict(env, MEMD_ENDPOINT="ipc:///x"), str(system)) == "ipc:///x"
+    assert protocol.SYSTEM_SOCKET == "/run/memd/memd.sock"  # the service's (systemd/memd.service)
 
 
 def test_trim_heap_returns_a_fragmented_heaps_free_pages():
@@ -330,3 +358,26 @@ def test_a_step_trims_only_while_that_is_cheap_beside_it():
     now[0] += 10.0
     trimmer.step_ended()
     assert len(trims) == 4
+
+
+def test_one_stat_parser_for_both_ends():
+    """A command name holding spaces and parentheses, a line cut short, and no stat line at all:
+    the daemon's sampler and the client's hello read /proc/PID/stat through this one function."""
+    from memd.client.procstat import ProcStat, parse_stat
+
+    fields = ["S", "41"] + [str(n) for n in range(2, 19)] + ["123456", "0"]  # utime 11, stime 12
+    assert parse_stat("42 (a) (b c)) %s\n" % " ".join(fields)) == ProcStat("a) (b c)", 41, 11 + 12, 123456)
+    assert parse_stat("42 (x) S 41 7") == ProcStat("x", 41, None, None)
+    for bad in ("", "42 (x) S", "no parentheses"):
+        with pytest.raises(ValueError):
+            parse_stat(bad)
+
+
+def test_one_rule_for_whole_numbers():
+    """True is an int to Python and a count to nobody: the wire, hints, state files and the
+    estimators all ask memd.client.counts."""
+    from memd.client.counts import at_least, whole
+
+    assert [whole(v) for v in (0, -3, 2 ** 70, True, False, 1.0, "1", None)] == [True] * 3 + [False] * 5
+    assert (at_least(4, 1), at_least(0, 1), at_least(True, 0), at_least(2.0, 0), at_least(None, 0)) == (
+        4, None, None, None, None)

@@ -141,9 +141,9 @@ def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
 
 def make_session(**fields):
     from memd.policy.controller import ControlState, Limits
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
-    return Session(token="t", sid=1, job="j", pid=1, host="h", local=False, start_time=None, limits=Limits(),
+    return SessionRecord(token="t", sid=1, job="j", pid=1, host="h", local=False, start_time=None, limits=Limits(),
                    created=0.0, last_seen=0.0, state=ControlState(ceiling=31), **fields)
 
 
@@ -202,7 +202,7 @@ def test_a_forget_long_ago_keeps_the_whole_history():
     for _ in range(HISTORY + 5):
         session.observe(Observation(8, 80))
     observations, _, _ = session.learned(10)
-    # The history keeps its one report at 4 (batch sizes before repeats: Session.observe), which
+    # The history keeps its one report at 4 (batch sizes before repeats: SessionRecord.observe), which
     # came before the forget; every other report it holds came after.
     assert len(session.observations) == HISTORY and session.observations[0] == Observation(4, 40)
     assert observations == [Observation(8, 80)] * (HISTORY - 1)

@@ -48,6 +48,32 @@ def test_bad_config_names_the_key(tmp_path, toml, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("key, value", [
+    ("margin_min_bytes", "-1"), ("margin_min_bytes", str(2 ** 51)), ("os_reserve_bytes", "-8000000000"),
+    ("calm_seconds", "-1"), ("calm_seconds", "inf"), ("calm_seconds", "nan"),
+])
+def test_bad_policy_values_name_the_key_and_its_source(tmp_path, key, value):
+    """Each source a value can come from is named: the environment, the file, in that order of
+    precedence (these keys were never checked: a negative reserve ran)."""
+    env_name = "MEMD_POLICY_" + key.upper()
+    with pytest.raises(ConfigError) as err:
+        config.load(environ={env_name: value})
+    message = str(err.value)
+    assert "'policy.%s'" % key in message and message.endswith("(%s)" % env_name) and "\n" not in message
+    path = tmp_path / "memd.toml"
+    path.write_text("[policy]\n%s = %s\n" % (key, value))  # TOML writes inf and nan as they are
+    with pytest.raises(ConfigError) as err:
+        config.load(str(path), environ={})
+    assert str(err.value).endswith("(policy.%s in %s)" % (key, path))
+
+
+def test_a_validated_value_from_a_flag_names_the_flag():
+    with pytest.raises(ConfigError, match=r"'interval' must be in \(0, 60\] seconds, got 90.0 \(--interval\)$"):
+        config.load(environ={}, flags={"interval": "90"})
+    zeros = config.load(environ={"MEMD_POLICY_CALM_SECONDS": "0", "MEMD_POLICY_OS_RESERVE_BYTES": "0"}).policy
+    assert (zeros.calm_seconds, zeros.os_reserve_bytes) == (0, 0)
+
+
 def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path):
     path = tmp_path / "memd.toml"
     path.write_bytes(b'interval = "\xff\xfe"\n')
@@ -349,10 +375,10 @@ def test_a_session_long_at_one_batch_keeps_the_other_batch_sizes_it_saw():
     reported batch size first."""
     from memd.policy.controller import Limits
     from memd.policy.fit import fit
-    from memd.sessions import HISTORY, Session
+    from memd.sessions import HISTORY, SessionRecord
 
     MiB = 2 ** 20
-    session = Session(token="t", sid=1, job="loader", pid=7, host="h", local=True, start_time=None,
+    session = SessionRecord(token="t", sid=1, job="loader", pid=7, host="h", local=True, start_time=None,
                       limits=Limits(), created=0.0, last_seen=0.0)
     for i, peak in enumerate((732, 734, 734)):
         session.observe(Observation(32, peak * MiB, warmup=i == 0))
@@ -363,3 +389,28 @@ def test_a_session_long_at_one_batch_keeps_the_other_batch_sizes_it_saw():
     assert session.observations[-1].batch == 1
     curve = fit(session.observations, kills=True)
     assert curve.source == "fit" and curve.batch_sizes == 2 and curve.max_batch(950 * MiB) > 100
+
+
+# -- logs --------------------------------------------------------------------------------------
+
+
+def test_each_log_line_names_its_logger():
+    """structlog's print logger drops the name given to get_logger: the log said what happened,
+    not which part of the daemon said it."""
+    import io
+    import json
+
+    import structlog
+
+    from memd.logs import configure_logging
+
+    stream = io.StringIO()
+    configure_logging(config.Config(log_format="json"), stream=stream)
+    try:
+        structlog.get_logger("memd.server").warning("refused", code="invalid")
+        structlog.get_logger().warning("unnamed")
+    finally:
+        structlog.reset_defaults()  # this process's other tests log as before
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert (first["logger"], first["event"], first["code"], second["logger"]) == ("memd.server", "refused", "invalid",
+                                                                                  "memd")

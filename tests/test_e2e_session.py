@@ -98,19 +98,27 @@ def test_absent_daemon_gives_fallback_within_timeout(tmp_path):
 
 
 def test_stalled_daemon_does_not_block_the_loop(memd):
+    """A stopped daemon: each call takes its bounded path, asserted by what is deterministic (how
+    long the calls took depends on this machine's load: bench/latency.py measures that). plan()
+    waited on a socket whose every blocking receive ends within the 50 ms timeout and gave up at
+    its deadline; report() queued without waiting; report_oom() backed off locally, so the next
+    plan is already smaller and says why."""
+    import zmq
+
     s = client.Session("stall", endpoint=memd.endpoint, timeout=0.05, default_batch=8)
     assert s.plan().source == "daemon"
     os.kill(memd.proc.pid, signal.SIGSTOP)
     try:
         time.sleep(FRESH)  # the cached plan goes stale
-        start = time.monotonic()
         plan = s.plan()
+        assert plan.source == "fallback" and "no reply to plan within 50 ms" in plan.reason, plan
+        assert plan.batch_size == 8  # the last plan the daemon gave, not a guess
+        assert s._sock is not None and 0 < s._sock.getsockopt(zmq.RCVTIMEO) <= 50
         s.report(batch_size=8, peak_bytes=GB)
         s.report_oom(batch_size=8)
-        elapsed = time.monotonic() - start
-        assert plan.source == "fallback"
-        assert plan.batch_size == 8  # the last plan the daemon gave, not a guess
-        assert elapsed < 0.6
+        after = s.plan()
+        assert after.source == "fallback" and after.batch_size == 6, after  # 8 less a quarter
+        assert "backed off to 6 after an out-of-memory error" in after.reason
     finally:
         os.kill(memd.proc.pid, signal.SIGCONT)
     s.close()

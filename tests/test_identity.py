@@ -10,7 +10,7 @@ from memd.planner import identify, plan_session
 from memd.policy.controller import ControlState, Limits
 from memd.policy.fit import Observation
 from memd.sampling.snapshot import CPU, DISCRETE, Gpu, GpuProcess, JobMemory, ProcessMemory, Snapshot, SystemMemory
-from memd.sessions import Session, Sessions
+from memd.sessions import SessionRecord, Sessions
 from memd.state import StateStore
 
 GB = 10 ** 9
@@ -101,7 +101,7 @@ def gpu_snapshot(*gpus):
 def session(**fields):
     fields.setdefault("limits", Limits())
     fields.setdefault("local", True)
-    return Session(token="t", sid=1, job="j", pid=PID, host="h", start_time=None,
+    return SessionRecord(token="t", sid=1, job="j", pid=PID, host="h", start_time=None,
                    created=0.0, last_seen=0.0, **fields)
 
 

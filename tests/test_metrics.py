@@ -112,11 +112,36 @@ def test_sessions_and_requests(tmp_path):
 
 
 def test_a_scrape_never_samples(tmp_path):
-    core = core_with(tmp_path, snapshot())
-    before = core.snapshot
-    scrape(core)
-    generate_latest(scrape(core))
-    assert core.snapshot is before
+    """A scrape builds its families from what the daemon holds: it opens no file (/proc, /sys,
+    cgroupfs), lists no directory, loads no library (NVML) and starts no process. Python's audit
+    hooks see every such call, from psutil and prometheus_client's own collectors too; a hook
+    cannot be removed, so the scrape runs in a process of its own."""
+    import json
+    import subprocess
+    import sys
+
+    from realdaemon import memd_env
+
+    code = """
+import json, sys
+from prometheus_client import generate_latest
+from memd.client.plan import Plan
+from memd.policy.controller import Limits
+from tests.test_metrics import core_with, scrape, snapshot
+core = core_with(sys.argv[1], snapshot())
+s = core.sessions.open(job="j", pid=1, host="h", local=True, start_time=1, limits=Limits())
+s.plan = Plan(8, 1, 8, 0, None, False, "ok", "t", "daemon")
+registry = scrape(core)
+generate_latest(registry)  # the first scrape may import what it uses: imports open files
+before, seen = core.snapshot, []
+sys.addaudithook(lambda event, args: seen.append([event, str(args[0])[:80]]) if event in (
+    "open", "os.listdir", "os.scandir", "ctypes.dlopen", "subprocess.Popen", "os.exec", "socket.connect") else None)
+text = generate_latest(registry).decode()
+print(json.dumps([seen, core.snapshot is before, "memd_sessions 1.0" in text]))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=memd_env(), capture_output=True,
+                         text=True, check=True)
+    assert json.loads(out.stdout) == [[], True, True]
 
 
 def test_docs_list_exactly_the_families_the_collector_can_expose(tmp_path):

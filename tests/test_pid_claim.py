@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from memd import ops
-from memd.client import _process_identity, protocol
+from memd.client import protocol
+from memd.client.identity import process_identity
 from memd.config import Config
 from memd.core import Core
 from memd.sampling import procs
@@ -110,16 +111,16 @@ def test_the_client_sends_its_namespace_and_start_time_when_it_can_read_them(tmp
     root = tmp_path / "proc"
     ns = os.stat(write(tmp_path, "proc/self/ns/pid", "")).st_ino
     write(tmp_path, "proc/self/stat", "%d (a) b) R " % PID + " ".join(["0"] * 18) + " %d 0\n" % START)
-    assert _process_identity(str(root)) == {"pid_ns": ns, "start_time": START}
+    assert process_identity(str(root)) == {"pid_ns": ns, "start_time": START}
     write(tmp_path, "proc/self/stat", "%d (a) R 1\n" % PID)  # too short: left out
-    assert _process_identity(str(root)) == {"pid_ns": ns}
+    assert process_identity(str(root)) == {"pid_ns": ns}
     write(tmp_path, "proc/self/stat", "%d (a) R " % PID + " ".join(["0"] * 18) + " %d 0\n" % 2 ** 64)
-    assert _process_identity(str(root)) == {"pid_ns": ns}  # beyond its range: a hello must not be refused
-    assert _process_identity(str(tmp_path / "nowhere")) == {}  # not Linux
+    assert process_identity(str(root)) == {"pid_ns": ns}  # beyond its range: a hello must not be refused
+    assert process_identity(str(tmp_path / "nowhere")) == {}  # not Linux
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/ns/pid"), reason="no /proc/self/ns/pid here (not Linux)")
 def test_the_client_reads_what_the_daemon_reads_of_it():
-    assert _process_identity() == {"pid_ns": procs.pid_namespace(os.getpid()),
+    assert process_identity() == {"pid_ns": procs.pid_namespace(os.getpid()),
                                    "start_time": procs.process_start_time(os.getpid())}
-    assert set(_process_identity()) <= set(protocol.FIELD_RANGES)
+    assert set(process_identity()) <= set(protocol.FIELD_RANGES)

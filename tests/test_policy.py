@@ -16,8 +16,10 @@ def pool(capacity=80 * GB, free=60 * GB, own=None, kind="discrete", margin=GB):
     return Pool("gpu-0", kind, capacity, free, own, margin)
 
 
-def test_the_policy_imports_no_sampling_io():
-    """Pure functions: importing the policy loads no /proc, NVML or psutil reader."""
+def test_the_policy_imports_nothing_with_side_effects():
+    """Pure functions: importing the policy (and the planner over it) loads no /proc, NVML or
+    psutil reader, no logging set-up, no transport (pyzmq, msgpack) and not the client's Session
+    (whose module installs a fork hook): only the Plan record it shares with the client."""
     import json
     import subprocess
     import sys
@@ -25,9 +27,12 @@ def test_the_policy_imports_no_sampling_io():
     from realdaemon import memd_env
 
     code = ("import sys, json; import memd.policy.controller, memd.policy.budget, memd.policy.fit, "
-            "memd.policy.pressure, memd.policy.estimate, memd.planner; "
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('psutil', 'pynvml', 'subprocess') "
-            "or m.startswith('memd.sampling.') and m != 'memd.sampling.snapshot')))")
+            "memd.policy.pressure, memd.policy.estimate, memd.policy.growth, memd.planner; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('psutil', 'pynvml', 'subprocess', 'zmq', 'msgpack', 'structlog', 'prometheus_client') "
+            "or m.startswith('memd.sampling.') and m != 'memd.sampling.snapshot' "
+            "or m.startswith('memd.client.') "
+            "and m not in ('memd.client.plan', 'memd.client.endpoint', 'memd.client.counts'))))")
     out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
 
@@ -359,9 +364,9 @@ def test_worker_cpus_are_shared_among_the_nodes_ranks_once():
     halved; the client's own count, sent before any read, was halved by the client already."""
     from memd.planner import worker_facts
     from memd.sampling.snapshot import JobMemory, ProcessMemory
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
-    session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
                       created=0.0, last_seen=0.0, cpus=4.0, local_world_size=2)
     assert worker_facts(session, None, PolicyConfig()).cpus == 4.0
     job = JobMemory(pid=7, processes=(ProcessMemory(7, 1, "trainer", 1, None, None),), cgroup=None, errors=(),

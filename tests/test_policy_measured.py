@@ -179,9 +179,9 @@ def test_one_low_read_of_the_pool_does_not_move_the_plan_but_two_do():
     The larger of the last two reads is taken: one low read is ignored, a real drop is seen in
     two."""
     from memd.planner import steadied
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
-    session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
                       created=0.0, last_seen=0.0)
 
     def room(usage, rss, at):
@@ -212,9 +212,9 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     from memd.planner import worker_facts
     from memd.policy.budget import Pool
     from memd.sampling.snapshot import ProcessMemory
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
-    session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
                       limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
 
     def read(at, workers):
@@ -272,9 +272,9 @@ def test_a_job_whose_memory_is_not_read_yet_is_not_budgeted_from_the_machine():
     from memd.planner import plan_session
     from memd.policy.controller import after_report
     from memd.sampling.snapshot import ProcessMemory
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
-    session = Session(token="t", sid=1, job="cnn", pid=7, host="h", local=True, start_time=None,
+    session = SessionRecord(token="t", sid=1, job="cnn", pid=7, host="h", local=True, start_time=None,
                       limits=Limits(default_batch=32), created=0.0, last_seen=0.0)
     for i, peak in enumerate((360, 366, 365)):  # the warm-up step, then two at 32
         session.observations.append(Observation(32, peak * MiB, warmup=i == 0))
@@ -394,14 +394,14 @@ def test_workers_that_level_off_cost_their_level_and_fresh_ones_inherit_it():
 
     from memd.planner import worker_facts
     from memd.sampling.snapshot import ProcessMemory
-    from memd.sessions import Session
+    from memd.sessions import SessionRecord
 
     with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
         traces = json.load(f)
     for name, batch, level, anon in (("batch 64, 4 workers, 700 steps", 64, 314, 598),
                                      ("batch 600, 1 worker, 60 steps", 600, 340, 614)):
         reads = traces[name]
-        session = Session(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+        session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
                           limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
 
         def read(at, workers, first_pid=8):

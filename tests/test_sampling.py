@@ -45,6 +45,27 @@ def test_no_psi_is_none_not_zero(tmp_path):
     assert (mem.total_bytes, mem.available_bytes, mem.used_bytes) == (1024000, 409600, 614400)
 
 
+def test_psi_switched_off_is_told_from_an_unreadable_file():
+    """Booted with psi=0 the PSI files exist and reading them fails EOPNOTSUPP (EINVAL on some
+    kernels): no PSI, as without the files. Any other error is a failed read, counted as one.
+    One rule for the host's file and a cgroup's."""
+    import errno
+
+    assert system.psi_disabled(OSError(errno.EOPNOTSUPP, "Operation not supported"))
+    assert system.psi_disabled(OSError(errno.EINVAL, "Invalid argument"))
+    assert not system.psi_disabled(OSError(errno.EACCES, "Permission denied"))
+    assert not system.psi_disabled(OSError("no errno"))
+
+
+def test_the_host_total_is_read_one_way_for_the_sampler_and_doctor(tmp_path):
+    from memd.sampling import capabilities
+
+    (tmp_path / "meminfo").write_text("MemTotal: 1000 kB\nMemAvailable: 600 kB\nSwapTotal: 0 kB\n")
+    assert system.read_host_memory(str(tmp_path)).total_bytes == 1000 * 1024 == \
+        capabilities.host_total_bytes(str(tmp_path))
+    assert capabilities.host_total_bytes(str(tmp_path / "none")) is None
+
+
 def test_unreadable_entries_become_errors_not_crashes(tmp_path):
     write(tmp_path, "meminfo", "MemTotal: 1000 kB\nMemAvailable: 400 kB\n")
     write(tmp_path, "pressure/memory", "not psi at all\n")

@@ -21,12 +21,12 @@ from typing import Optional, Tuple
 
 from memd.client.plan import Plan, split_batch
 from memd.config import PolicyConfig
+from memd.units import GiB  # human output is in GiB
 
 from .budget import Pool, host_free, margin
 from .fit import Curve, largest
 from .pressure import rank
 
-GiB = 2 ** 30  # human output is in GiB
 SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped
 
 

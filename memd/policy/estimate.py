@@ -14,10 +14,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from memd.client.counts import whole
 from memd.client.plan import split_batch
 from memd.policy.fit import Prior
-
-GB = 10 ** 9
+from memd.units import GB
 
 
 class EstimateError(ValueError):
@@ -463,7 +463,7 @@ def _llm_prior(hints: Mapping[str, Any]) -> Prior:
 
 def _int_hint(hints: Mapping[str, Any], key: str) -> int:
     value = hints.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole(value):
         raise EstimateError("%s must be an integer: %r" % (key, value))
     return value
 

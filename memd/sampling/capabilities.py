@@ -8,9 +8,10 @@ from __future__ import annotations
 import errno
 import os
 import platform as _platform
-import sys
 from dataclasses import asdict, dataclass
 from typing import Callable, Dict, List, Optional
+
+from memd.units import GiB
 
 from . import cgroup as cgroup_module
 from . import platform, system
@@ -52,9 +53,7 @@ def check_all(nvml: Optional[Nvml] = None, proc_root: str = "/proc", etc_root: s
 def host_total_bytes(proc_root: str = "/proc") -> Optional[int]:
     """The host's RAM as the Sampler reads it (meminfo on Linux, else psutil); None if unreadable."""
     try:
-        if sys.platform.startswith("linux"):
-            return system.read_meminfo(proc_root).total_bytes
-        return system.read_system_memory().total_bytes
+        return system.read_host_memory(proc_root).total_bytes
     except (OSError, ValueError, KeyError):
         return None
 
@@ -109,7 +108,7 @@ def check_cgroup(proc_root: str = "/proc") -> Capability:
         return Capability("cgroup", False, "memory cgroup unreadable: %s" % (exc,))
     if cg is None:
         return Capability("cgroup", False, "no memory cgroup controller mounted: host limits only")
-    limit = "unlimited" if cg.limit_bytes is None else "limit %.2f GiB" % (cg.limit_bytes / 2 ** 30)
+    limit = "unlimited" if cg.limit_bytes is None else "limit %.2f GiB" % (cg.limit_bytes / GiB)
     return Capability("cgroup", True, "v%d %s, %s" % (cg.version, cg.path, limit))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, TypeVar
 
 from .snapshot import Cgroup
-from .system import parse_pressure
+from .system import parse_pressure, psi_disabled
 
 # v1 reports "no limit" as the largest signed 64-bit value rounded down to the page size, which
 # depends on the kernel: 0x7FFFFFFFFFFFF000 with 4 KiB pages, 0x7FFFFFFFFFFF0000 with 64 KiB
@@ -175,7 +175,7 @@ def _read_v2(mount: _Mount, cgpath: str) -> Cgroup:
     except (FileNotFoundError, ValueError):
         pass
     except OSError as exc:
-        if exc.errno not in (95, 22):  # PSI compiled in but disabled
+        if not psi_disabled(exc):
             raise
     return Cgroup(
         version=2,

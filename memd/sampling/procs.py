@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from memd.client.procstat import parse_stat
+
 from .snapshot import ProcessMemory
 
 MAX_PROCESSES = 1024  # a runaway fork bomb must not make one sample unbounded
@@ -132,9 +134,8 @@ def process_start_time(pid: int, proc_root: str = "/proc") -> Optional[int]:
     """Start time in clock ticks since boot: with the pid, identifies a process across pid reuse."""
     try:
         with open(os.path.join(proc_root, str(pid), "stat")) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
+            return parse_stat(f.read()).start_time
+    except (OSError, ValueError):
         return None
 
 
@@ -158,15 +159,8 @@ def pid_namespace(pid: object = "self", proc_root: str = "/proc") -> Optional[in
 def _stat(base: str) -> Tuple[int, str, Optional[float]]:
     """(ppid, name, CPU seconds used: user + system)."""
     with open(os.path.join(base, "stat")) as f:
-        text = f.read()
-    # The name is in parentheses and may itself contain spaces and parentheses.
-    name = text[text.index("(") + 1:text.rindex(")")]
-    fields = text[text.rindex(")") + 2:].split()
-    try:
-        cpu: Optional[float] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    except (IndexError, ValueError):
-        cpu = None
-    return int(fields[1]), name, cpu
+        stat = parse_stat(f.read())
+    return stat.ppid, stat.name, stat.cpu_ticks / CLOCK_TICKS if stat.cpu_ticks is not None else None
 
 
 def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int], Optional[int]]:

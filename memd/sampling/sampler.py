@@ -6,7 +6,6 @@ process tree (PSS/USS, ~0.2 ms a process) only when asked for, through ``job``.
 from __future__ import annotations
 
 import socket
-import sys
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
@@ -122,10 +121,7 @@ class Sampler:
 
     def _system(self, errors: Errors) -> SystemMemory:
         try:
-            if sys.platform.startswith("linux"):
-                self._last_system = system.read_meminfo(self.proc_root)
-            else:
-                self._last_system = system.read_system_memory()
+            self._last_system = system.read_host_memory(self.proc_root)
         except (OSError, ValueError, KeyError) as exc:
             errors.append(("system", "meminfo unreadable: %s" % (exc,)))
             if self._last_system is None:

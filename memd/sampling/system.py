@@ -6,7 +6,9 @@ raises OSError/ValueError on an unreadable or malformed file; the Sampler turns 
 """
 from __future__ import annotations
 
+import errno
 import os
+import sys
 from typing import Optional
 
 import psutil
@@ -24,6 +26,15 @@ def read_system_memory() -> SystemMemory:
         swap_total_bytes=int(swap.total),
         swap_used_bytes=int(swap.used),
     )
+
+
+def read_host_memory(proc_root: str = "/proc") -> SystemMemory:
+    """The host's memory as memd reads it everywhere (the sampler, and doctor's NVML check that
+    must classify devices as the daemon does): /proc/meminfo on Linux, so that a fixture tree
+    stands in for the machine; psutil elsewhere. Raises OSError, ValueError or KeyError."""
+    if sys.platform.startswith("linux"):
+        return read_meminfo(proc_root)
+    return read_system_memory()
 
 
 def read_meminfo(proc_root: str = "/proc") -> SystemMemory:
@@ -92,11 +103,16 @@ def read_pressure(proc_root: str = "/proc") -> Optional[Pressure]:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        # With CONFIG_PSI but booted psi=0 the file exists and reading fails EOPNOTSUPP.
-        if exc.errno in (95, 22):
+        if psi_disabled(exc):
             return None
         raise
     return parse_pressure(text)
+
+
+def psi_disabled(exc: OSError) -> bool:
+    """Whether reading a PSI file failed because the kernel has PSI compiled in but switched off
+    (booted with psi=0): the file exists and reading it fails EOPNOTSUPP (EINVAL on some kernels)."""
+    return exc.errno in (errno.EOPNOTSUPP, errno.EINVAL)
 
 
 def read_oom_kills(proc_root: str = "/proc") -> Optional[int]:

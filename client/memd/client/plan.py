@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Optional, Tuple
 
+from .counts import at_least, whole
+
 PRESSURE_LEVELS = ("ok", "elevated", "high", "critical")
 SOURCES = ("daemon", "fallback")
 #: Candidates split_batch tries at most (a few milliseconds): enough to search every target below
@@ -44,11 +46,11 @@ class Plan:
         ints = {}
         for name in ("batch_size", "grad_accum_steps", "effective_batch_size", "num_workers"):
             value = data.get(name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "num_workers" else 1):
+            if not whole(value) or value < (0 if name == "num_workers" else 1):
                 raise ValueError("plan.%s is not a valid count: %r" % (name, value))
             ints[name] = value
         prefetch = data.get("prefetch_factor")
-        if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1):
+        if prefetch is not None and (not whole(prefetch) or prefetch < 1):
             raise ValueError("plan.prefetch_factor is not a positive int: %r" % (prefetch,))
         if ints["num_workers"] == 0:
             prefetch = None
@@ -185,7 +187,5 @@ def _largest_divisor(n: int, low: int, high: int) -> Tuple[Optional[int], bool]:
 
 
 def _hint_int(hints: Dict[str, Any], name: str, default: int) -> int:
-    value = hints.get(name)
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return default
+    value = at_least(hints.get(name), 0)
+    return default if value is None else value

@@ -8,11 +8,16 @@ the daemon (which depends on this distribution) so the two ends cannot drift apa
 """
 from __future__ import annotations
 
-import os
-import stat
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Optional
 
 import msgpack
+
+# The endpoints both ends pick with no configuration, and whom to trust on a socket: in a module
+# of their own, which the daemon's configuration imports without loading msgpack.
+from .endpoint import SYSTEM_SOCKET as SYSTEM_SOCKET
+from .endpoint import default_endpoint as default_endpoint
+from .endpoint import stranger as stranger
+from .endpoint import user_socket_path as user_socket_path
 
 VERSION = 1
 
@@ -82,55 +87,6 @@ INVALID = "invalid"  # a field is missing, of the wrong type or out of range
 UNKNOWN_SESSION = "unknown_session"  # no session holds that token (expired, or daemon restarted)
 TOO_MANY_SESSIONS = "too_many_sessions"
 INTERNAL = "internal"
-
-SYSTEM_SOCKET = "/run/memd/memd.sock"
-
-
-def default_endpoint(environ: Optional[Mapping[str, str]] = None) -> str:
-    """The control endpoint that client and daemon both pick with no configuration.
-
-    MEMD_ENDPOINT wins; then the system service's socket if it exists; then a per-user socket.
-    """
-    env = os.environ if environ is None else environ
-    if env.get("MEMD_ENDPOINT"):
-        return env["MEMD_ENDPOINT"]
-    if os.path.exists(SYSTEM_SOCKET):
-        return "ipc://" + SYSTEM_SOCKET
-    return "ipc://" + user_socket_path(env)
-
-
-def user_socket_path(environ: Optional[Mapping[str, str]] = None) -> str:
-    env = os.environ if environ is None else environ
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return os.path.join(runtime, "memd.sock")
-    return "/tmp/memd-%d/memd.sock" % os.getuid()
-
-
-def stranger(endpoint: str) -> Optional[str]:
-    """Why the socket of an ``ipc://`` endpoint cannot be the daemon's, or None.
-
-    Whoever answers on the socket steers the job's memory. Where anyone may create files (the
-    per-user /tmp/memd-$UID when XDG_RUNTIME_DIR is unset), another user can make the directory
-    or the socket first and answer as memd: they are trusted only when this user or root owns
-    them. A directory made elsewhere (/run/memd by systemd) took privilege to make.
-    """
-    if not endpoint.startswith("ipc://") or endpoint.startswith("ipc://@"):
-        return None  # TCP (CURVE's business) or an abstract socket
-    path = os.path.abspath(endpoint[len("ipc://"):])
-    directory = os.path.dirname(path)
-    trusted = (os.getuid(), 0)
-    try:
-        here = os.stat(directory)
-        if here.st_mode & stat.S_IWOTH:  # anyone may make the socket itself
-            owner = os.lstat(path).st_uid
-            return None if owner in trusted else "socket %s belongs to uid %d, not to this user or root" % (path, owner)
-        if here.st_uid not in trusted and os.stat(os.path.dirname(directory)).st_mode & stat.S_IWOTH:
-            return "socket directory %s belongs to uid %d, not to this user or root" % (directory, here.st_uid)
-    except OSError:
-        return None  # nothing there: connecting finds no daemon, and says so
-    return None
-
 
 def encode(message: Dict[str, Any]) -> bytes:
     data: bytes = msgpack.packb(message, use_bin_type=True)

@@ -1,0 +1,97 @@
+"""The planner (memd/planner.py) on its own: the seam between the session records and the pure
+policy, fed fixture Snapshots and records; no sampling, no daemon."""
+from memd import planner
+from memd.config import PolicyConfig
+from memd.policy import budget
+from memd.policy.controller import Limits
+from memd.policy.fit import Observation
+from memd.sampling.snapshot import CPU, DISCRETE, Cgroup, Gpu, JobMemory, ProcessMemory, Snapshot, SystemMemory
+from memd.sessions import SessionRecord
+
+GiB = 2 ** 30
+CFG = PolicyConfig()
+
+
+def snap(model=CPU, gpus=(), total=64 * GiB, available=48 * GiB, monotonic=10.0):
+    return Snapshot(taken_at=0.0, monotonic=monotonic, host="h", memory_model=model,
+                    system=SystemMemory(total, available, total - available, 0, 0), pressure=None, cgroup=None,
+                    gpus=tuple(gpus))
+
+
+def gpu(index, uuid, name="NVIDIA H100", total=80 * GiB, used=GiB):
+    return Gpu(index, uuid, name, total, used, total - used, 0, False)
+
+
+def record(pid=7, local=True, **fields):
+    fields.setdefault("limits", Limits())
+    return SessionRecord(token="t%d" % pid, sid=pid, job="j", pid=pid, host="h", local=local, start_time=None,
+                         created=0.0, last_seen=0.0, **fields)
+
+
+def test_a_jobs_key_says_its_configuration_and_owner_and_nothing_of_its_data_loading():
+    plain = record()
+    assert planner.configuration(plain) == "" and planner.ownership(plain) == ""
+    model = record(hints={"layers": 12, "num_workers": 4}, owner=1000)
+    same_model = record(hints={"layers": 12, "num_workers": 8, "prefetch_factor": 4}, owner=1000)
+    other = record(hints={"layers": 24}, owner=1000)
+    capped = record(hints={"layers": 12}, limits=Limits(max_batch=64), owner=1000)
+    assert planner.comparable(model) == planner.comparable(same_model)
+    assert len({planner.configuration(r) for r in (model, other, capped)}) == 3
+    assert planner.configuration(model).startswith("#") and planner.ownership(model) == "@uid:1000"
+
+
+def test_identify_names_the_pool_a_job_will_run_in_or_waits_for_its_gpu():
+    h100s = snap(DISCRETE, [gpu(0, "GPU-a"), gpu(1, "GPU-b")])
+    assert planner.identify(record(), h100s, CFG) == "gpu:NVIDIA H100:%d" % (80 * GiB)  # alike: either one
+    mixed = snap(DISCRETE, [gpu(0, "GPU-a"), gpu(1, "GPU-b", name="NVIDIA A100", total=40 * GiB)])
+    assert planner.identify(record(), mixed, CFG) is None  # unlike and unnamed: not known yet
+    assert planner.identify(record(device_uuid="GPU-b"), mixed, CFG) == "gpu:NVIDIA A100:%d" % (40 * GiB)
+    assert planner.identify(record(device="cpu"), mixed, CFG) == "discrete:64"  # on the CPU: the host
+    boxed = record(cgroup=Cgroup(2, "/job", 8 * GiB, GiB))
+    assert planner.identify(boxed, snap(), CFG) == "cpu:8"  # its own cgroup, read at hello
+
+
+def test_only_watched_sessions_in_the_same_pool_count_as_neighbours():
+    me = record(1, pool="host")
+    near = record(2, pool="host", predicted_peak_bytes=3 * GiB)
+    near.note_peak(5.0, GiB)
+    others = [me, near, record(3, pool="GPU-a"), record(4, local=False, pool="host")]
+    found = planner.neighbours(me, "host", others, at=6.0)
+    assert found == [planner.Neighbour(GiB, 3 * GiB, None)]
+    assert planner.reserved_growth(found) == 2 * GiB  # promised to it, not yet in use
+    pool = budget.Pool("host", CPU, 64 * GiB, 40 * GiB, None, GiB)
+    assert planner.share_for(me, pool, 30 * GiB, [], 6.0) is None  # alone: no share to keep to
+    assert planner.share_for(me, pool, 30 * GiB, found, 6.0) is not None
+
+
+def test_a_host_pools_room_is_the_larger_of_two_job_reads():
+    s = record()
+    job = JobMemory(7, (), None, (), monotonic=1.0, trainer_rss_bytes=GiB)
+    first = planner.steadied(budget.Pool("host", CPU, 16 * GiB, 4 * GiB, GiB, GiB), s, job)
+    low = planner.steadied(budget.Pool("host", CPU, 16 * GiB, 3 * GiB, GiB, GiB), s,
+                           JobMemory(7, (), None, (), monotonic=2.0, trainer_rss_bytes=GiB))
+    assert first.free_bytes == 4 * GiB and low.free_bytes == 4 * GiB  # one low read is not believed
+    later = planner.steadied(budget.Pool("host", CPU, 16 * GiB, 2 * GiB, GiB, GiB), s,
+                             JobMemory(7, (), None, (), monotonic=3.0, trainer_rss_bytes=GiB))
+    assert later.free_bytes == 3 * GiB  # two low reads in a row are
+
+
+def test_plan_session_records_its_decision_on_the_session():
+    s = record(limits=Limits(default_batch=8, max_batch=4096))
+    trainer = ProcessMemory(7, 1, "python", 2 * GiB, 2 * GiB, 2 * GiB)
+    job = JobMemory(7, (trainer,), None, (), monotonic=10.0, trainer_rss_bytes=2 * GiB)
+    for batch, peak in ((8, 2 * GiB + 8 * 2 ** 20), (8, 2 * GiB + 8 * 2 ** 20), (16, 2 * GiB + 16 * 2 ** 20)):
+        s.observe(Observation(batch, peak))
+    s.note_peak(9.0, 2 * GiB + 16 * 2 ** 20)
+    decision = planner.plan_session(s, snap(), "ok", [s], {7: job}, CFG)
+    assert s.plan is decision.plan and s.pool == budget.HOST and s.budget_bytes == decision.budget_bytes
+    assert decision.plan.source == "daemon" and 16 <= decision.plan.batch_size <= 4096
+    assert s.wanted_peak_bytes is not None
+
+
+def test_a_job_whose_gpu_cannot_be_told_keeps_its_default_and_says_why():
+    s = record(limits=Limits(default_batch=8))
+    mixed = snap(DISCRETE, [gpu(0, "GPU-a"), gpu(1, "GPU-b", name="NVIDIA A100", total=40 * GiB)])
+    decision = planner.plan_session(s, mixed, "ok", [s], {}, CFG)
+    assert decision.plan.batch_size == 8 and "which GPU this job runs on is not known yet" in decision.plan.reason
+    assert s.pool is None  # not measured meanwhile: host RSS would teach a GPU job the wrong memory

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Set, Tuple
 
 import zmq
 
@@ -337,6 +337,7 @@ class Session:
             fields["batch_size"] = self._plan.batch_size  # hello again, running: the daemon restarted
         fields.update(_distributed_identity())
         fields.update(_process_identity())
+        fields.update(_scheduler_identity())
         fields.update(_device_identity(self.device))
         cpus = usable_cpus()
         if cpus:
@@ -667,6 +668,34 @@ def _process_identity(proc_root: str = "/proc") -> Dict[str, Any]:
         pass
     return {name: value for name, value in fields.items()
             if protocol.FIELD_RANGES[name][0] <= value <= protocol.FIELD_RANGES[name][1]}
+
+
+def _scheduler_identity(proc_root: str = "/proc", environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The Slurm job (SLURM_JOB_ID) and Kubernetes pod (its UID, from this process's cgroup or
+    mounts) this process runs in, for `memd status` and the session metrics. The daemon reads
+    them itself from a process it can watch; these count for one it cannot (another pid
+    namespace, another host), shown there as told by the client."""
+    env = os.environ if environ is None else environ
+    fields: Dict[str, Any] = {}
+    slurm = env.get("SLURM_JOB_ID", "")
+    if protocol.SLURM_JOB_ID.match(slurm):
+        fields["slurm_job_id"] = slurm
+    pod = None
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            pod = protocol.pod_uid_in(f.read(1 << 16))  # cgroup v1, or v2 without a cgroup namespace
+        if pod is None:  # kubelet bind-mounts the pod's /etc/hosts from /var/lib/kubelet/pods/<UID>/
+            with open(os.path.join(proc_root, "self", "mountinfo")) as f:
+                for line in f:
+                    parts = line.split(" ", 5)
+                    if len(parts) > 4 and parts[4] == "/etc/hosts":
+                        pod = protocol.pod_uid_in(parts[3])
+                        break
+    except (OSError, UnicodeDecodeError):
+        pass
+    if pod is not None:
+        fields["pod_uid"] = pod
+    return fields
 
 
 def _distributed_identity() -> Dict[str, Any]:

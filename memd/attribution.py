@@ -31,9 +31,10 @@ class Attribution:
     source: Optional[str] = None  # how it is known: cgroup or environ (read here), client (told)
 
 
-def read(pid: int, proc_root: str = "/proc") -> Attribution:
-    """What the process's cgroup path, then its environment, say. Unreadable files count as
-    saying nothing: attribution is a label, never a reason to refuse a job."""
+def read(pid: int, proc_root: str = "/proc") -> Optional[Attribution]:
+    """What the process's cgroup path, then its environment, say (an empty Attribution: in
+    neither a pod nor a Slurm job); None when its environment cannot be read, so that what its
+    client said stands in. Attribution is a label, never a reason to refuse a job."""
     base = os.path.join(proc_root, str(pid))
     try:
         with open(os.path.join(base, "cgroup")) as f:
@@ -48,7 +49,7 @@ def read(pid: int, proc_root: str = "/proc") -> Attribution:
         with open(os.path.join(base, "environ"), "rb") as f:
             environ = f.read(1 << 20)
     except OSError:
-        return Attribution()
+        return None  # another user's process without CAP_SYS_PTRACE, or gone
     found = _SLURM_ENV.search(environ)
     return Attribution(None, found.group(1).decode(), ENVIRON) if found else Attribution()
 

@@ -59,7 +59,7 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
     memory, rather than budget a running job as if its memory were someone else's.
     pod_uid (str: the UID of the Kubernetes pod it runs in) and slurm_job_id (str of digits):
     where the daemon can read the job's process it attributes the session itself (cgroup path,
-    then environment: memd.attribution) and these are not used; else they are shown as told.
+    then environment: memd.attribution) and these are ignored; else they are shown as told.
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
     """
@@ -102,8 +102,8 @@ def hello(core: Core, req: Dict[str, Any]) -> Result:
             raise Invalid("this nonce belongs to a session of another job")
         return {"token": earlier.token, "plan": _decide(core, earlier).plan.to_wire(),
                 "session_ttl": core.config.session_ttl}
-    found = attribution.read(pid, core.proc_root) if local else attribution.Attribution()
-    found = found if found.source is not None else told  # what the daemon read wins over what it was told
+    found = attribution.read(pid, core.proc_root) if local else None
+    found = told if found is None else found  # what the daemon can read wins over what it is told
     fields = dict(
         pod_uid=found.pod_uid, slurm_job_id=found.slurm_job_id, attributed_by=found.source,
         job=job, nonce=nonce, pid=pid, host=host, local=local, cgroup=_job_cgroup(core, pid) if local else None,

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.request
 
 import pytest
@@ -59,8 +60,8 @@ def test_read_prefers_the_cgroup_then_the_environment(tmp_path):
     root = fixture_proc(tmp_path, 11, "0::/user.slice/x\n", b"HOME=/root\0SLURM_JOB_ID=77\0SLURM_JOB_IDX=9\0")
     assert attribution.read(11, root) == attribution.Attribution(None, "77", "environ")
     root = fixture_proc(tmp_path, 12, "0::/user.slice/x\n", b"XSLURM_JOB_ID=5\0")
-    assert attribution.read(12, root) == attribution.Attribution()
-    assert attribution.read(13, root) == attribution.Attribution()  # gone: nothing, no error
+    assert attribution.read(12, root) == attribution.Attribution()  # read: in neither
+    assert attribution.read(13, root) is None  # gone (or unreadable): unknown, the client's word stands
 
 
 CHILD = textwrap.dedent("""
@@ -120,3 +121,23 @@ def test_client_says_its_pod_and_slurm_job(tmp_path):
     assert _scheduler_identity(str(tmp_path), {"SLURM_JOB_ID": "17; rm"}) == {}  # not a job id: not sent
     (me / "cgroup").write_text("12:memory:/kubepods/burstable/pod%s/c\n" % UID)
     assert _scheduler_identity(str(tmp_path), {}) == {"pod_uid": UID}
+
+
+def test_what_the_daemon_reads_overrides_what_the_client_says(tmp_path):
+    from memd import ops
+    from memd.config import Config
+    from memd.core import Core
+    from memd.sampling.snapshot import CPU, Snapshot, SystemMemory
+    from memd.sessions import Sessions
+    from memd.state import StateStore
+
+    root = fixture_proc(tmp_path / "proc", 321, "0::/user.slice/x\n", b"HOME=/home/a\0")
+    core = Core(config=Config(), sessions=Sessions(8, 60.0, time.monotonic, lambda s: True),
+                store=StateStore(str(tmp_path / "state")), host="here", proc_root=root)
+    core.snapshot = Snapshot(taken_at=0.0, monotonic=0.0, host="here", memory_model=CPU,
+                             system=SystemMemory(64 << 30, 32 << 30, 0, 0, 0), pressure=None, cgroup=None)
+    claim = dict(min_batch=1, slurm_job_id="5", pod_uid=UID)
+    local = core.sessions.get(ops.hello(core, dict(claim, job="a", pid=321, host="here"))["token"])
+    assert local.local and (local.pod_uid, local.slurm_job_id, local.attributed_by) == (None, None, None)
+    remote = core.sessions.get(ops.hello(core, dict(claim, job="b", pid=321, host="there"))["token"])
+    assert (remote.pod_uid, remote.slurm_job_id, remote.attributed_by) == (UID, "5", "client")

@@ -1,10 +1,11 @@
-"""deploy/kubernetes/: the manifests validate against Kubernetes' schemas (kubernetes-validate,
-strict), checkov finds nothing but the findings the DaemonSet accepts (each with its reason,
-and each still a finding without its skip), the pieces agree with each other and with the
-docs' training-pod example, and the container's command and probes work against the real
-daemon. kubernetes-validate and checkov are not in the [test] extra (108 MB of schemas;
-checkov pins packaging<24, which pytest refuses): locally a missing one skips, under CI
-(.ci/run installs both) it fails."""
+"""deploy/kubernetes/: the manifests (base/, and the node-jobs/ overlay rendered) validate
+against Kubernetes' schemas (kubernetes-validate, strict), checkov finds nothing but the
+findings they accept (each with its reason, and each still a finding without its skip), the
+pieces agree with each other and with the docs' training-pod example, and the container's
+command and probes work against the real daemon. kubernetes-validate and checkov are not in
+the [test] extra (108 MB of schemas; checkov pins packaging<24, which pytest refuses): locally
+a missing one skips, under CI (.ci/run installs both) it fails."""
+import copy
 import json
 import os
 import re
@@ -21,6 +22,8 @@ from promtools import ROOT
 from realdaemon import free_port, memd_env, run_memd
 
 K8S = os.path.join(ROOT, "deploy", "kubernetes")
+BASE = os.path.join(K8S, "base")
+OVERLAY = os.path.join(K8S, "node-jobs")
 SOCKET_DIR = "/run/memd"
 
 
@@ -35,8 +38,8 @@ def tool(name):
     return path
 
 
-def load(name):
-    with open(os.path.join(K8S, name)) as f:
+def load(name, directory=BASE):
+    with open(os.path.join(directory, name)) as f:
         return yaml.safe_load(f)
 
 
@@ -48,28 +51,73 @@ def by_kind():
     return {doc["kind"]: doc for doc in map(load, resources() + ["servicemonitor.yaml"])}
 
 
+def merge(base, patch):
+    """kustomize's strategic merge, as far as the overlay's patch uses it: maps merge, lists
+    of named maps (containers) merge by name, other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            out[key] = merge(base[key], value) if key in base else value
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and all(isinstance(x, dict) and "name" in x
+                                                                 for x in base + patch):
+        named = {x["name"]: x for x in patch}
+        return [merge(x, named.pop(x["name"])) if x["name"] in named else x for x in base] + list(named.values())
+    return copy.deepcopy(patch)
+
+
+def rendered_overlay():
+    """The node-jobs overlay as kustomize renders it (checked against `kubectl kustomize` where
+    kubectl is installed)."""
+    overlay = load("kustomization.yaml", OVERLAY)
+    assert overlay["resources"] == ["../base"]
+    (patch,) = [load(p["path"], OVERLAY) for p in overlay["patches"]]
+    docs = []
+    for doc in (load(name) for name in resources()):
+        same = (doc["kind"], doc["metadata"]["name"]) == (patch["kind"], patch["metadata"]["name"])
+        docs.append(merge(doc, patch) if same else doc)
+    return docs
+
+
+def test_overlay_renders_as_kubectl_does():
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not found: the overlay's rendering is checked against kubectl kustomize where it is")
+    out = subprocess.run([kubectl, "kustomize", OVERLAY], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert sorted(yaml.safe_load_all(out.stdout), key=key) == sorted(rendered_overlay(), key=key)
+
+
 def test_kustomization_lists_every_manifest_but_the_operators():
-    manifests = sorted(f for f in os.listdir(K8S) if f.endswith(".yaml") and f != "kustomization.yaml")
+    manifests = sorted(f for f in os.listdir(BASE) if f.endswith(".yaml") and f != "kustomization.yaml")
     assert sorted(resources() + ["servicemonitor.yaml"]) == manifests
+
+
+def write_overlay(directory):
+    directory.mkdir()
+    path = directory / "node-jobs.yaml"
+    path.write_text(yaml.safe_dump_all(rendered_overlay()))
+    return path
 
 
 def test_manifests_validate_strictly(tmp_path):
     validate = tool("kubernetes-validate")
-    files = [os.path.join(K8S, name) for name in resources()]
+    files = [os.path.join(BASE, name) for name in resources()] + [str(write_overlay(tmp_path / "overlay"))]
     out = subprocess.run([validate, "--strict", "--quiet"] + files, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ERROR" not in out.stdout + out.stderr, out.stdout + out.stderr
     # the check can fail: a misspelt field is refused
     broken = tmp_path / "daemonset.yaml"
-    with open(os.path.join(K8S, "daemonset.yaml")) as f:
+    with open(os.path.join(BASE, "daemonset.yaml")) as f:
         broken.write_text(f.read().replace("readOnlyRootFilesystem:", "readOnlyRootFileSystem:"))
     out = subprocess.run([validate, "--strict", "--quiet", str(broken)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "readOnlyRootFileSystem" in out.stdout + out.stderr
 
 
-def checkov(directory):
-    out = subprocess.run([tool("checkov"), "-d", str(directory), "--compact", "--skip-download", "-o", "json",
-                          "--framework", "kubernetes", "dockerfile"],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ, LOG_LEVEL="ERROR"))
+def checkov(directory, exclude=None):
+    command = [tool("checkov"), "-d", str(directory), "--compact", "--skip-download", "-o", "json",
+               "--framework", "kubernetes", "dockerfile"] + (["--skip-path", exclude] if exclude else [])
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, LOG_LEVEL="ERROR"))
     reports = json.loads(out.stdout)
     reports = reports if isinstance(reports, list) else [reports]
     failed = {(r["check_type"], c["check_id"]) for r in reports for c in r["results"]["failed_checks"]}
@@ -77,25 +125,48 @@ def checkov(directory):
     return failed, skipped
 
 
+BASE_ACCEPTED = {"CKV_K8S_23", "CKV_K8S_40", "CKV_K8S_43"}
+OVERLAY_ACCEPTED = BASE_ACCEPTED | {"CKV_K8S_17", "CKV_K8S_19", "CKV_K8S_25"}
+SKIP = re.compile(r"(?m)^ *checkov\.io/skip\d+: (CKV_\w+)=(.+)\n")
+
+
+def without_skips(directory, text):
+    """A copy of the scanned manifests without checkov's skip annotations."""
+    directory.mkdir()
+    shutil.copy(os.path.join(BASE, "networkpolicy.yaml"), str(directory))  # else: another finding
+    docs = [doc for doc in yaml.safe_load_all(text) if doc["kind"] == "DaemonSet"]
+    for doc in docs:
+        doc["metadata"]["annotations"] = {k: v for k, v in doc["metadata"]["annotations"].items()
+                                          if not k.startswith("checkov.io/skip")}
+    (directory / "daemonset.yaml").write_text(yaml.safe_dump_all(docs))
+    return directory
+
+
 def test_checkov_finds_only_the_accepted_findings(tmp_path):
-    failed, skipped = checkov(K8S)
+    failed, skipped = checkov(K8S, exclude="node-jobs")  # the overlay's patch alone is no manifest
     assert failed == set()
-    accepted = {("kubernetes", c) for c in ("CKV_K8S_17", "CKV_K8S_23", "CKV_K8S_40", "CKV_K8S_25", "CKV_K8S_43")}
-    assert skipped == accepted | {("dockerfile", "CKV_DOCKER_3")}
-    # each skip has its reason in the manifest, and is still a finding without it
-    with open(os.path.join(K8S, "daemonset.yaml")) as f:
+    assert skipped == {("kubernetes", c) for c in BASE_ACCEPTED} | {("dockerfile", "CKV_DOCKER_3")}
+    with open(os.path.join(BASE, "daemonset.yaml")) as f:
         text = f.read()
-    reasons = dict(re.findall(r"checkov\.io/skip\d+: (CKV_\w+)=(.+)", text))
-    assert set(reasons) == {c for _, c in accepted} and all(len(r) > 20 for r in reasons.values())
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    shutil.copy(os.path.join(K8S, "networkpolicy.yaml"), str(bare))  # else: no policy, another finding
-    (bare / "daemonset.yaml").write_text(re.sub(r"(?m)^    checkov\.io/skip\d+: .*\n", "", text))
-    assert checkov(bare)[0] == accepted
+    reasons = dict(SKIP.findall(text))
+    assert set(reasons) == BASE_ACCEPTED and all(len(r) > 30 for r in reasons.values())
+    # each skip is still a finding without it
+    assert checkov(without_skips(tmp_path / "bare", text))[0] == {("kubernetes", c) for c in BASE_ACCEPTED}
 
 
-def container():
-    ds = by_kind()["DaemonSet"]
+def test_checkov_on_the_node_jobs_overlay(tmp_path):
+    path = write_overlay(tmp_path / "overlay")
+    failed, skipped = checkov(path.parent)
+    assert failed == set() and skipped == {("kubernetes", c) for c in OVERLAY_ACCEPTED}
+    with open(os.path.join(OVERLAY, "daemonset-patch.yaml")) as f:
+        reasons = dict(SKIP.findall(f.read()))
+    assert set(reasons) == OVERLAY_ACCEPTED - BASE_ACCEPTED and all(len(r) > 30 for r in reasons.values())
+    bare = without_skips(tmp_path / "bare", path.read_text())
+    assert checkov(bare)[0] == {("kubernetes", c) for c in OVERLAY_ACCEPTED}
+
+
+def container(ds=None):
+    ds = ds or by_kind()["DaemonSet"]
     spec = ds["spec"]["template"]["spec"]
     (memd,) = spec["containers"]
     return ds, spec, memd
@@ -121,11 +192,21 @@ def test_the_pieces_agree():
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["run"]["hostPath"]["path"] == mounts["run"] == SOCKET_DIR
     assert command[command.index("--state-dir") + 1] == mounts["state"] and "hostPath" in volumes["state"]
-    assert spec["hostPID"] is True and spec["automountServiceAccountToken"] is False
+    assert "hostPID" not in spec and "hostNetwork" not in spec and spec["automountServiceAccountToken"] is False
     context = memd["securityContext"]
-    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["readOnlyRootFilesystem"] and not context["allowPrivilegeEscalation"]
     assert memd["resources"]["limits"]["memory"] == "256Mi"  # as the unit's MemoryMax=
+
+
+def test_node_jobs_overlay_adds_only_what_watching_host_jobs_takes():
+    (ds,) = [d for d in rendered_overlay() if d["kind"] == "DaemonSet"]
+    base, spec, memd = container()
+    _, overlay_spec, overlay_memd = container(ds)
+    assert {k: v for k, v in overlay_spec.items() if k not in spec} == {
+        "hostPID": True, "hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+    assert overlay_memd["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert dict(overlay_memd, securityContext=None) == dict(memd, securityContext=None)
 
 
 def training_pod_example():

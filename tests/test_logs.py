@@ -115,3 +115,20 @@ def test_expired_sessions_are_logged_closed(tmp_path):
     assert [(e["event"], e["reason"], e["job"]) for e in logs] == [("session_closed", "expired", "gone")]
     assert core.sessions_expired == 1
 
+
+
+def test_every_event_name_is_snake_case():
+    """One naming style: each log call's event is an identifier; what people read is in fields."""
+    import re
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "memd")
+    call = re.compile(r"""\blog\.(?:debug|info|warning|error|exception|critical)\)?\(\s*(["'])(.*?)\1""")
+    found = {}
+    for directory, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(directory, name)) as f:
+                    for match in call.finditer(f.read()):
+                        found[match.group(2)] = name
+    assert len(found) >= 20  # the pattern sees the calls
+    assert {event: where for event, where in found.items() if not re.fullmatch(r"[a-z][a-z0-9_]*", event)} == {}

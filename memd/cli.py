@@ -144,7 +144,27 @@ def _status(args: argparse.Namespace) -> int:
             s["job"][:20], s["pid"], "" if s.get("rank") is None else s["rank"], (s.get("pool") or "")[:14],
             plan.get("batch_size", ""), plan.get("grad_accum_steps", ""), _gib(s.get("latest_peak_bytes")),
             _gib(s.get("budget_bytes")), plan.get("reason", "")))
+        runs_in = _runs_in(s)
+        if runs_in:
+            print("  %20s %s" % ("", runs_in))
     return 0
+
+
+_ATTRIBUTED_BY = {"cgroup": "read from its cgroup", "environ": "read from its environment",
+                  "client": "as its client said; not checked"}
+
+
+def _runs_in(s: dict) -> str:
+    """"in pod UID, Slurm job N (how memd knows)" for a session attributed to either, else ""."""
+    where = []
+    if s.get("pod_uid"):
+        where.append("Kubernetes pod %s" % s["pod_uid"])
+    if s.get("slurm_job_id"):
+        where.append("Slurm job %s" % s["slurm_job_id"])
+    if not where:
+        return ""
+    how = _ATTRIBUTED_BY.get(s.get("attributed_by") or "")
+    return "in " + ", ".join(where) + (" (%s)" % how if how else "")
 
 
 def _sample(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Counter, Dict, Optional, Tuple
 
 from memd.config import Config
-from memd.logs import Throttle
+from memd.logs import Budget, Throttle
 from memd.policy.pressure import PressureState
 from memd.sampling.snapshot import JobMemory, Snapshot
 from memd.sessions import Sessions
@@ -42,6 +42,8 @@ class Core:
     epoch: int = 0  # bumped by the server thread whenever a session changes (see ops._decide)
     ooms_reported: int = 0
     log_throttle: Throttle = field(default_factory=Throttle)  # what a client's request may make the daemon log
+    session_log: Budget = field(default_factory=Budget)  # session_opened / session_closed lines
+    oom_log: Budget = field(default_factory=Budget)  # oom_reported lines (apart: a flood of sessions hides none)
 
     def uptime(self) -> float:
         return time.time() - self.started

@@ -35,6 +35,7 @@ from memd.state import StateStore
 log = structlog.get_logger("memd")
 
 HOUSEKEEPING = 1.0  # seconds between session expiry passes
+STATUS_EVERY = 0.5  # seconds between checks of the STATUS= line (sent to systemd only when it changed)
 
 
 class Daemon:
@@ -54,6 +55,7 @@ class Daemon:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._sampler_thread: Optional[threading.Thread] = None
+        self._status = ""  # the STATUS= line systemd last got
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -76,19 +78,23 @@ class Daemon:
             raise
         self._sampler_thread = threading.Thread(target=self._sample_loop, name="memd-sampler", daemon=True)
         self._sampler_thread.start()
-        log.info("memd ready", version=VERSION, endpoint=self.server.endpoint, metrics=self.cfg.metrics_address,
+        log.info("memd_ready", version=VERSION, endpoint=self.server.endpoint, metrics=self.cfg.metrics_address,
                  memory_model=snap.memory_model, gpus=len(snap.gpus), state_dir=self.store.directory,
                  remembered_jobs=len(self.store), curve_clients=_admitted(self.server))
-        self.notifier.ready("serving on %s" % self.server.endpoint)
+        self._status = self.status_line()
+        self.notifier.ready(self._status)
 
     def run(self) -> None:
-        last_housekeeping = last_watchdog = last_flush = self.clock()
+        last_housekeeping = last_watchdog = last_flush = last_status = self.clock()
         while not self._stop.is_set():
             self.server.poll(min(self.cfg.interval, HOUSEKEEPING))
             now = self.clock()
             if self._reload.is_set():
                 self._reload.clear()
+                self.notifier.reloading()
                 self._apply_reload()
+                self._status = self.status_line()
+                self.notifier.ready(self._status)  # reloaded or refused: serving either way
             if now - last_housekeeping >= HOUSEKEEPING:
                 last_housekeeping = now
                 self._expire()
@@ -96,6 +102,9 @@ class Daemon:
             if interval is not None and now - last_watchdog >= interval and self.sampler_healthy(now):
                 self.notifier.watchdog()
                 last_watchdog = now
+            if now - last_status >= STATUS_EVERY:
+                last_status = now
+                self._update_status()
             if now - last_flush >= self.cfg.flush_interval:
                 last_flush = now
                 self._remember_live()
@@ -115,7 +124,7 @@ class Daemon:
             self.metrics.shutdown()
         self.notifier.close()
         self.sampler.close()
-        log.info("memd stopped", sessions=len(self.core.sessions))
+        log.info("memd_stopped", sessions=len(self.core.sessions))
 
     def stop(self, *_args) -> None:
         self._stop.set()
@@ -127,6 +136,20 @@ class Daemon:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGHUP, self.request_reload)
+
+    def status_line(self) -> str:
+        """What `systemctl status memd` shows under the unit's name: the sessions and the pressure."""
+        n = len(self.core.sessions)
+        line = "%d training session%s, memory pressure %s" % (n, "" if n == 1 else "s", self.core.pressure.level)
+        if self.core.ooms_reported:
+            line += ", %d out-of-memory reports" % self.core.ooms_reported
+        return line
+
+    def _update_status(self) -> None:
+        line = self.status_line()
+        if line != self._status:  # a datagram only when something changed
+            self._status = line
+            self.notifier.status(line)
 
     def sampler_healthy(self, now: float) -> bool:
         stale_after = max(5 * self.cfg.interval, 2.0)
@@ -145,7 +168,7 @@ class Daemon:
                     next_jobs = started + self.cfg.job_interval
             except Exception:
                 self.core.sample_errors["sampler"] += 1
-                log.exception("sampling failed; keeping the previous snapshot")
+                log.exception("sampling_failed", kept="the previous snapshot")
             self._stop.wait(max(0.0, self.cfg.interval - (self.clock() - started)))
 
     def _sample_once(self, jobs: bool) -> Snapshot:
@@ -212,19 +235,19 @@ class Daemon:
         try:
             new = self.reload_config()
         except config_module.ConfigError as exc:
-            log.error("reload refused; keeping the running configuration", error=str(exc))
+            log.error("reload_refused", error=str(exc), kept="the running configuration")
             return
         kept = [name for name in ("endpoint", "metrics_address", "state_dir", "curve_secret_key_file")
                 if getattr(new, name) != getattr(self.cfg, name)]
         if kept:
-            log.warning("reload cannot change these without a restart", keys=kept)
+            log.warning("reload_needs_restart", keys=kept, detail="these keep their values until memd restarts")
         if "curve_secret_key_file" in kept:  # CURVE and its allow-list come and go together
             kept.append("curve_client_keys_dir")
         new = dataclasses.replace(new, **{name: getattr(self.cfg, name) for name in kept})
         try:
             allowed = _client_keys(new)  # re-read: adding or removing a client's key file needs no restart
         except config_module.ConfigError as exc:
-            log.error("reload refused; keeping the running configuration", error=str(exc))
+            log.error("reload_refused", error=str(exc), kept="the running configuration")
             return
         self.cfg = new
         self.core.config = new
@@ -233,7 +256,7 @@ class Daemon:
         configure_logging(new)
         if allowed is not None and self.server.zap is not None:
             self.server.zap.admit(allowed)  # new handshakes only: connections admitted before stay
-        log.info("configuration reloaded", curve_clients=_admitted(self.server))
+        log.info("config_reloaded", curve_clients=_admitted(self.server))
 
 
 def serve(cfg: Config, reload: Optional[Callable[[], Config]] = None) -> int:
@@ -269,7 +292,8 @@ def _client_keys(cfg: Config):
         return None
     allowed = zap.load_allow_list(cfg.curve_client_keys_dir)
     if not allowed:
-        log.warning("curve_client_keys_dir holds no *.key file: no client is admitted", dir=cfg.curve_client_keys_dir)
+        log.warning("curve_no_client_keys", dir=cfg.curve_client_keys_dir,
+                    detail="curve_client_keys_dir holds no *.key file: no client is admitted")
     return allowed
 
 

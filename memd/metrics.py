@@ -26,7 +26,7 @@ from memd.policy.pressure import rank
 from memd.sampling.snapshot import UNIFIED, Snapshot
 
 GPU_LABELS = ["gpu", "uuid", "name", "parent_uuid"]
-SESSION_LABELS = ["session", "job", "rank", "pool"]
+SESSION_LABELS = ["session", "job", "rank", "pool", "pod_uid", "slurm_job_id"]
 PSI_WINDOWS = (("10", "avg10"), ("60", "avg60"), ("300", "avg300"))
 # Every source a sampling error can come from, exported at 0 from the start so that rate() and
 # alerts see the series before its first error (Prometheus' advice: initialise known labels).
@@ -76,7 +76,8 @@ class MemdCollector:
             "reports": counter("memd_session_reports", "Step reports the session sent"),
         }
         for s in sessions:
-            labels = [str(s.sid), s.job, "" if s.rank is None else str(s.rank), s.pool or ""]
+            labels = [str(s.sid), s.job, "" if s.rank is None else str(s.rank), s.pool or "", s.pod_uid or "",
+                      s.slurm_job_id or ""]
             plan = s.plan
             if plan is not None:
                 families["batch"].add_metric(labels, plan.batch_size)

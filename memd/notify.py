@@ -1,12 +1,16 @@
 """systemd's notification protocol (sd_notify), spoken directly: one datagram per message.
 
 READY=1 once memd answers, STOPPING=1 on the way out, WATCHDOG=1 while the sampling loop is
-healthy. Without NOTIFY_SOCKET (not under systemd) every call is a no-op.
+healthy, STATUS= (what `systemctl status` shows) when the sessions or the pressure change, and
+RELOADING=1 with MONOTONIC_USEC= then READY=1 around a reload (SIGHUP), which is what
+``Type=notify-reload`` (systemd 253) waits for. Without NOTIFY_SOCKET (not under systemd) every
+call is a no-op.
 """
 from __future__ import annotations
 
 import os
 import socket
+import time
 from typing import Mapping, Optional
 
 
@@ -36,6 +40,13 @@ class Notifier:
 
     def ready(self, status: str = "") -> bool:
         return self.send("READY=1" + ("\nSTATUS=" + status if status else ""))
+
+    def reloading(self) -> bool:
+        """Reload begun: MONOTONIC_USEC lets systemd tell this answer from one to an older SIGHUP."""
+        return self.send("RELOADING=1\nMONOTONIC_USEC=%d" % (time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000))
+
+    def status(self, text: str) -> bool:
+        return self.send("STATUS=" + text)
 
     def stopping(self) -> bool:
         return self.send("STOPPING=1")

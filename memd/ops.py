@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Literal, Optional, Tuple, overload
 
 import structlog
 
+from memd import attribution
 from memd import curves as learned
 from memd.client import protocol
 from memd.client.counts import at_least, whole
@@ -57,6 +58,9 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
     batch_size (int: the batch the job runs now, sent by a client saying hello again because
     the daemon restarted): its plan holds that batch until the daemon has read the job's
     memory, rather than budget a running job as if its memory were someone else's.
+    pod_uid (str: the UID of the Kubernetes pod it runs in) and slurm_job_id (str of digits):
+    where the daemon can read the job's process it attributes the session itself (cgroup path,
+    then environment: memd.attribution) and these are ignored; else they are shown as told.
     Reply: token (str, needed by every later op of this session), plan, session_ttl (seconds).
     Every number within its protocol.FIELD_RANGES range.
 
@@ -94,6 +98,8 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
     if nonce is not None and len(nonce) < 16:
         raise Invalid("nonce must be a string of 16 to 64 characters")
     running = _int(req, "batch_size")  # checked, like every field, before anything changes
+    told = attribution.told(_matching(req, "pod_uid", protocol.POD_UID), _matching(req, "slurm_job_id",
+                                                                                   protocol.SLURM_JOB_ID))
     local, unwatched = _local(core, host, pid, _int(req, "pid_ns"), _int(req, "start_time"), peer)
     snapshot = _snapshot(core)
     earlier = core.sessions.find(host, pid, nonce) if nonce is not None else None
@@ -102,7 +108,10 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
             raise Invalid("this nonce belongs to a session of another job")
         return {"token": earlier.token, "plan": _decide(core, earlier).plan.to_wire(),
                 "session_ttl": core.config.session_ttl}
+    found = attribution.read(pid, core.proc_root) if local else None
+    found = told if found is None else found  # what the daemon can read wins over what it is told
     fields = dict(
+        pod_uid=found.pod_uid, slurm_job_id=found.slurm_job_id, attributed_by=found.source,
         job=job, nonce=nonce, pid=pid, host=host, local=local, cgroup=_job_cgroup(core, pid) if local else None,
         start_time=procs.process_start_time(pid, core.proc_root) if local else None, limits=limits,
         rank=rank, world_size=world_size,
@@ -124,7 +133,7 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
         session = core.sessions.open(**fields)
     held = core.log_throttle.allow("hints") if ignored else None  # a peer may repeat it: a line a minute at most
     if held is not None:
-        log.warning("hints out of range ignored", job=session.job, session=session.sid, reasons=ignored,
+        log.warning("hints_ignored", job=session.job, session=session.sid, reasons=ignored,
                     held_back=held)
     core.epoch += 1
     session.owner = procs.process_owner(pid, core.proc_root) if local else None
@@ -140,6 +149,12 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
         session.state = replace(session.state, batch=running)
         session.rejoined = True
     decision = _decide(core, session)
+    held = core.session_log.allow()
+    if held is not None:
+        log.info("session_opened", session=session.sid, job=session.job, pid=session.pid, host=session.host,
+                 rank=session.rank, watched=session.local, pool=session.pool, batch_size=decision.plan.batch_size,
+                 pod_uid=session.pod_uid, slurm_job_id=session.slurm_job_id, attributed_by=session.attributed_by,
+                 held_back=held)
     return {"token": session.token, "plan": decision.plan.to_wire(), "session_ttl": core.config.session_ttl}
 
 
@@ -221,7 +236,13 @@ def oom(core: Core, req: Dict[str, Any]) -> Result:
     core.ooms_reported += 1
     session.state = after_oom(session.state, batch, session.limits, core.config.policy)
     core.epoch += 1
-    return {"plan": _decide(core, session).plan.to_wire()}
+    planned = _decide(core, session).plan
+    held = core.oom_log.allow()
+    if held is not None:
+        log.warning("oom_reported", session=session.sid, job=session.job, pid=session.pid, batch_size=batch,
+                    new_batch_size=planned.batch_size, ooms=session.ooms, pool=session.pool,
+                    pod_uid=session.pod_uid, slurm_job_id=session.slurm_job_id, held_back=held)
+    return {"plan": planned.to_wire()}
 
 
 def bye(core: Core, req: Dict[str, Any]) -> Result:
@@ -243,7 +264,9 @@ def status(core: Core, req: Dict[str, Any]) -> Result:
     `memd sample --json` fields), sessions: [{job, pid, host, rank, pool, reports, ooms,
     latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, ceiling, plan, pool_key (what
     its curve is remembered under; null while its GPU cannot be told), unwatched (why a job on
-    this host is not measured here, or null)}].
+    this host is not measured here, or null), pod_uid, slurm_job_id (the Kubernetes pod and
+    Slurm job it runs in, or null), attributed_by ("cgroup" or "environ": read by the daemon
+    from the job's process; "client": as its hello said; null)}].
     """
     snapshot = core.snapshot
     return {
@@ -315,9 +338,13 @@ def end(core: Core, session: SessionRecord, why: str) -> None:
     Expired at a hello, sessions were once dropped unremembered and uncounted."""
     core.epoch += 1
     remember(core, session)
-    if why != "bye":  # a bye is the client's to repeat at will: not a line in the log each
+    if why != "bye":
         core.sessions_expired += 1
-        log.info("session " + why, job=session.job, pid=session.pid, session=session.sid, reports=session.reports)
+    held = core.session_log.allow()  # once per session (a repeated bye finds none), a flood rate-limited
+    if held is not None:
+        log.info("session_closed", session=session.sid, job=session.job, pid=session.pid, reason=why,
+                 seconds=round(core.clock() - session.created, 1), reports=session.reports, ooms=session.ooms,
+                 held_back=held)
 
 
 def expire(core: Core) -> None:
@@ -451,7 +478,8 @@ def _session_view(s: SessionRecord) -> Result:
         "predicted_peak_bytes": (min(int(s.predicted_peak_bytes), 2 ** 63 - 1)
                                  if s.predicted_peak_bytes is not None else None),
         "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
-        "unwatched": s.unwatched,
+        "unwatched": s.unwatched, "pod_uid": s.pod_uid, "slurm_job_id": s.slurm_job_id,
+        "attributed_by": s.attributed_by,
     }
 
 
@@ -506,6 +534,14 @@ def _str(req: Dict[str, Any], name: str, required: bool = False, limit: int = 25
         return None
     if not isinstance(value, str) or len(value) > limit:
         raise Invalid("%s must be a string of at most %d characters" % (name, limit))
+    return value
+
+
+def _matching(req: Dict[str, Any], name: str, pattern) -> Optional[str]:
+    """A string field that must match ``pattern`` (an identifier: nothing else gets into a label)."""
+    value = _str(req, name, limit=64)
+    if value is not None and not pattern.match(value):
+        raise Invalid("%s %r is not a valid %s" % (name, value[:64], name.replace("_", " ")))
     return value
 
 

@@ -251,7 +251,7 @@ class Server:
         a peer sends it."""
         held = self.throttle.allow((op, type(exc).__name__))
         if held is not None:
-            log.exception("handler failed", op=op, error=type(exc).__name__, held_back=held)
+            log.exception("handler_failed", op=op, error=type(exc).__name__, held_back=held)
         return _error(request_id, protocol.INTERNAL, "internal error: %s" % type(exc).__name__), op, protocol.INTERNAL
 
     def close(self) -> None:

@@ -85,6 +85,10 @@ class SessionRecord:
     rejoined: bool = False  # said hello running a batch already (the daemon restarted under it)
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
     peer_uid: Optional[int] = None  # the user whose process said hello (the kernel's word; None over TCP)
+    # The Kubernetes pod (UID) and Slurm job it runs in, and how that is known (memd.attribution)
+    pod_uid: Optional[str] = None
+    slurm_job_id: Optional[str] = None
+    attributed_by: Optional[str] = None
     pool_key: Optional[str] = None  # what its curves are looked up and saved under (planner.identify)
     batch_bytes: Optional[int] = None  # one batch's tensors, as the client's loader reported them
     # Its loader follows the plan's workers (a report said which it ran, as MemdLoader's do): the

@@ -71,7 +71,8 @@ class StateStore:
             self._jobs = {}
         except (OSError, ValueError) as exc:
             aside = self.path + ".corrupt"
-            log.warning("state file unreadable; starting empty", path=self.path, error=str(exc), moved_to=aside)
+            log.warning("state_unreadable", path=self.path, error=str(exc), moved_to=aside,
+                        kept="nothing: starting empty")
             try:
                 os.replace(self.path, aside)
             except OSError:
@@ -98,9 +99,9 @@ class StateStore:
                     os.unlink(path)
                     removed += 1
             except OSError as exc:
-                log.warning("cannot remove a stale state temp file", path=path, error=str(exc))
+                log.warning("state_temp_not_removed", path=path, error=str(exc))
         if removed:
-            log.info("removed stale state temp files", directory=self.directory, count=removed)
+            log.info("state_temps_removed", directory=self.directory, count=removed)
         return removed
 
     def recall(self, job: str, pool_key: str) -> Optional[Memory]:
@@ -141,7 +142,7 @@ class StateStore:
                 self.dirty = True
             return
         if len(key) > MAX_KEY_CHARS:  # cannot happen (a job is 128 characters, NVML's names 96): the bound holds
-            log.warning("job and pool key too long to remember", job=job[:128], pool=pool_key[:128])
+            log.warning("state_key_too_long", job=job[:128], pool=pool_key[:128])
             return
         self._jobs.pop(key, None)  # re-insert: dict order is the LRU order
         self._jobs[key] = {"points": points, "ceiling": ceiling, "updated": time.time()}
@@ -222,7 +223,7 @@ class StateStore:
                 finally:
                     os.close(dir_fd)
             except OSError as exc:
-                log.error("cannot write state", path=self.path, error=str(exc))
+                log.error("state_write_failed", path=self.path, error=str(exc), retry="at the next flush")
                 self.dirty = True  # written again at the next flush
                 return False
             self._written = generation

@@ -112,7 +112,7 @@ class Gate:
         if held is not None:
             key = z85.encode(frames[6]).decode() if len(frames) > 6 and len(frames[6]) == 32 else None
             address = frames[3].decode("ascii", "replace")[:64] if len(frames) > 3 else None
-            log.warning("CURVE handshake refused", reason=why, client_key=key, address=address, held_back=held,
+            log.warning("curve_handshake_refused", reason=why, client_key=key, address=address, held_back=held,
                         refused_total=self.refused)
 
     def close(self) -> None:

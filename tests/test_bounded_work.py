@@ -48,7 +48,7 @@ def test_a_hint_beyond_any_model_is_ignored_at_once_and_logged_once(tmp_path):
     session = core.sessions.get(token)
     assert session.hints == {"d_model": 768, "heads": 12, "vocab": 50257, "seq_len": 1024, "fixed_bytes_note": "kept"}
     assert session.prior is None and session.limits.num_workers is None  # planned as if not given
-    ignored = [e for e in logs if e["event"] == "hints out of range ignored"]
+    ignored = [e for e in logs if e["event"] == "hints_ignored"]
     assert len(ignored) == 1 and ignored[0]["job"] == "huge"  # a repeating peer does not flood the log
     assert any("layers must be in [1, 4096]" in r for r in ignored[0]["reasons"])
     assert core.log_throttle.suppressed == 2

@@ -77,7 +77,7 @@ def test_sigterm_removes_socket_and_flushes_state(memd, tmp_path):
     assert memd.stop() == 0
     import os
     assert not os.path.exists(socket_path)
-    assert '"event": "memd stopped"' in memd.log()
+    assert '"event": "memd_stopped"' in memd.log()
 
 
 def test_status_without_daemon_exits_1(tmp_path):

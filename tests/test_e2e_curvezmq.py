@@ -43,7 +43,7 @@ def as_client(keys, who):
 
 
 def refusals(daemon):
-    return [json.loads(line) for line in daemon.log().splitlines() if "CURVE handshake refused" in line]
+    return [json.loads(line) for line in daemon.log().splitlines() if "curve_handshake_refused" in line]
 
 
 def test_listed_key_gets_plans_and_status(daemon, keys):
@@ -116,16 +116,16 @@ def test_sighup_rereads_the_allow_list(daemon, keys, tmp_path):
         call("ping", endpoint=daemon.endpoint, timeout=TIMEOUT, **mallory)
     shutil.copy(keys["mallory_public"], keys["allowed"])
     daemon.proc.send_signal(signal.SIGHUP)
-    assert wait_for(lambda: "configuration reloaded" in daemon.log())
+    assert wait_for(lambda: "config_reloaded" in daemon.log())
     assert call("ping", endpoint=daemon.endpoint, timeout=1.0, **mallory)["pong"] is True
     (tmp_path / "allowed" / "mallory.key").unlink()
     (tmp_path / "allowed" / "broken.key").write_text("public-key = \"x\"\n")
     daemon.proc.send_signal(signal.SIGHUP)
-    assert wait_for(lambda: "reload refused" in daemon.log())  # a broken list keeps the running one
+    assert wait_for(lambda: "reload_refused" in daemon.log())  # a broken list keeps the running one
     assert call("ping", endpoint=daemon.endpoint, timeout=1.0, **mallory)["pong"] is True
     (tmp_path / "allowed" / "broken.key").unlink()
     daemon.proc.send_signal(signal.SIGHUP)
-    assert wait_for(lambda: daemon.log().count("configuration reloaded") == 2)
+    assert wait_for(lambda: daemon.log().count("config_reloaded") == 2)
     with pytest.raises(DaemonUnavailable):
         call("ping", endpoint=daemon.endpoint, timeout=TIMEOUT, **mallory)
     assert daemon.call("ping")["pong"] is True

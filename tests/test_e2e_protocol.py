@@ -203,7 +203,7 @@ def test_hints_beyond_any_model_are_ignored_at_once(raw, memd):
     assert reply["ok"] is True and "prior" not in reply["result"]["plan"]["reason"]
     assert_alive(raw)
     deadline = time.monotonic() + 2
-    while "hints out of range ignored" not in memd.log() and time.monotonic() < deadline:
+    while "hints_ignored" not in memd.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "hint layers must be in [1, 4096], not 10000000" in memd.log()
 
@@ -213,7 +213,7 @@ def test_a_non_string_op_is_invalid_and_logs_nothing(raw, memd):
         reply = raw(msgpack.packb({"v": 1, "op": [1], "id": 7}))
         assert reply["error"] == {"code": protocol.INVALID, "message": "op must be a string, not list"}
     assert_alive(raw)
-    assert "Traceback" not in memd.log() and "handler failed" not in memd.log()
+    assert "Traceback" not in memd.log() and "handler_failed" not in memd.log()
 
 
 def test_a_message_of_many_frames_is_dropped_not_echoed_nor_kept(memd):

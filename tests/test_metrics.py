@@ -94,8 +94,9 @@ def test_sessions_and_requests(tmp_path):
                   throttle=True, pressure="high", reason="test", source="daemon")
     s.latest_batch, s.latest_peak, s.ooms = 32, 30 * GiB, 1
     core.observe_request("plan", "ok", 0.0003)
+    s.slurm_job_id = "42"  # attributed (memd.attribution): a label of each session series
     reg = scrape(core)
-    labels = {"session": str(s.sid), "job": "llama", "rank": "0", "pool": ""}
+    labels = {"session": str(s.sid), "job": "llama", "rank": "0", "pool": "", "pod_uid": "", "slurm_job_id": "42"}
     assert value(reg, "memd_session_recommended_batch_size", **labels) == 16
     assert value(reg, "memd_session_grad_accum_steps", **labels) == 4
     assert value(reg, "memd_session_recommended_workers", **labels) == 2

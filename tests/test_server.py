@@ -45,7 +45,7 @@ def test_an_internal_error_is_logged_once_a_minute_per_op_and_error(server):
         for _ in range(50):
             assert reply(server, "ping")["code"] == protocol.INTERNAL
             assert reply(server, "plan")["code"] == protocol.INTERNAL
-    failed = [e for e in logs if e["event"] == "handler failed"]
+    failed = [e for e in logs if e["event"] == "handler_failed"]
     assert [(e["op"], e["error"], e["held_back"]) for e in failed] == [("ping", "ZeroDivisionError", 0),
                                                                         ("plan", "ValueError", 0)]
     assert all(e.get("exc_info") for e in failed)  # the traceback, once
@@ -90,7 +90,7 @@ def test_a_result_msgpack_cannot_carry_is_internal_and_the_server_goes_on(tmp_pa
                 answer = protocol.decode(sock.recv())
                 assert answer["id"] == 9 and answer["ok"] == (op == "ping")
         assert answer["result"] == {"pong": True}
-        assert [(e["event"], e["op"], e["error"]) for e in logs] == [("handler failed", "status", "OverflowError")]
+        assert [(e["event"], e["op"], e["error"]) for e in logs] == [("handler_failed", "status", "OverflowError")]
     finally:
         sock.close(0)
         srv.close()

@@ -18,7 +18,14 @@ import zmq
 from . import curve, protocol
 from .checks import clean_hints, count, optional_count, warn_once, wire_number
 from .heap import StepTrimmer, steady_heap
-from .identity import default_job, device_identity, distributed_identity, process_identity, usable_cpus
+from .identity import (
+    default_job,
+    device_identity,
+    distributed_identity,
+    process_identity,
+    scheduler_identity,
+    usable_cpus,
+)
 from .plan import Plan, fallback_plan, within_limits
 from .transport import BACKOFF_FIRST, ErrorReply, NoReply, Transport
 
@@ -277,6 +284,7 @@ class Session(Transport):
             fields["batch_size"] = self._plan.batch_size  # hello again, running: the daemon restarted
         fields.update(distributed_identity())
         fields.update(process_identity())
+        fields.update(scheduler_identity())
         fields.update(device_identity(self.device))
         cpus = usable_cpus()
         if cpus:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from . import protocol
 from .procstat import parse_stat
@@ -48,6 +48,34 @@ def default_job(argv: Optional[List[str]] = None, main: Any = None, orig_argv: O
         return "python-c:%s" % hashlib.sha256(command.encode("utf-8", "replace")).hexdigest()[:12]
     name = os.path.basename(first) if first not in ("", "-") else ""
     return name or "python"
+
+
+def scheduler_identity(proc_root: str = "/proc", environ: Optional[Mapping[str, str]] = None) -> Dict[str, Any]:
+    """The Slurm job (SLURM_JOB_ID) and Kubernetes pod (its UID, from this process's cgroup or
+    mounts) this process runs in, for `memd status` and the session metrics. The daemon reads
+    them itself from a process it can watch; these count for one it cannot (another pid
+    namespace, another host), shown there as told by the client."""
+    env = os.environ if environ is None else environ
+    fields: Dict[str, Any] = {}
+    slurm = env.get("SLURM_JOB_ID", "")
+    if protocol.SLURM_JOB_ID.match(slurm):
+        fields["slurm_job_id"] = slurm
+    pod = None
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            pod = protocol.pod_uid_in(f.read(1 << 16))  # cgroup v1, or v2 without a cgroup namespace
+        if pod is None:  # kubelet bind-mounts the pod's /etc/hosts from /var/lib/kubelet/pods/<UID>/
+            with open(os.path.join(proc_root, "self", "mountinfo")) as f:
+                for line in f:
+                    parts = line.split(" ", 5)
+                    if len(parts) > 4 and parts[4] == "/etc/hosts":
+                        pod = protocol.pod_uid_in(parts[3])
+                        break
+    except (OSError, UnicodeDecodeError):
+        pass
+    if pod is not None:
+        fields["pod_uid"] = pod
+    return fields
 
 
 def process_identity(proc_root: str = "/proc") -> Dict[str, Any]:

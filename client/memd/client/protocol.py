@@ -8,6 +8,7 @@ the daemon (which depends on this distribution) so the two ends cannot drift apa
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Optional
 
 import msgpack
@@ -51,6 +52,21 @@ FIELD_RANGES = {
     "loader_workers": (0, 1024),  # a report's: the DataLoader workers its batch came from
     "step_seconds": (0, 10 ** 9),  # a number
 }
+
+#: A Kubernetes pod's UID where kubelet names a cgroup (.../kubepods/burstable/pod<UID>/...,
+#: .../kubepods-burstable-pod<UID with _ for ->.slice/..., cgroupfs and systemd drivers) or the
+#: source of a mount (/var/lib/kubelet/pods/<UID>/etc-hosts, the root of the pod's /etc/hosts).
+_POD_UID = re.compile(r"(?:kubepods\S*?[/-]pod|/pods/)"
+                      r"([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+POD_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")  # hello's pod_uid
+SLURM_JOB_ID = re.compile(r"^[0-9]{1,20}$")  # hello's slurm_job_id
+
+
+def pod_uid_in(text: str) -> Optional[str]:
+    """The pod UID in a /proc/PID/cgroup or /proc/PID/mountinfo text, or None outside Kubernetes."""
+    found = _POD_UID.search(text)
+    return found.group(1).replace("_", "-") if found else None
+
 
 #: The inclusive range of every numeric hint the daemon reads (docs/protocol.md, "Hints"): a
 #: model description feeds estimators whose work grows with it (10**7 layers once cost the daemon

@@ -14,6 +14,7 @@ from promtools import ROOT, documented_families, families, require
 from realdaemon import Daemon
 
 RULES = os.path.join(ROOT, "prometheus", "memd-rules.yml")
+RUNBOOKS = "file:///usr/share/doc/memd/deploy.md#"  # the installed docs/deploy.md (memd-rules.yml's header)
 RULE_TESTS = sorted(glob.glob(os.path.join(ROOT, "prometheus", "tests", "*.yml")))
 GPUS = """
 gpu GPU-11111111-aaaa total=80GiB used=10GiB reserved=512MiB util=40 name=NVIDIA H100 80GB HBM3
@@ -49,9 +50,29 @@ def test_every_alert_is_tested_firing_and_not_firing():
                     (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
     assert alerts - firing == set(), "alerts never tested firing"
     assert alerts - quiet == set(), "alerts never tested quiet"
-    required = {"MemdDown", "MemdHostMemoryLow", "MemdMemoryPressureWarning", "MemdMemoryPressureCritical",
-                "MemdCgroupNearLimit", "MemdGpuMemoryHigh", "MemdGpuLost", "MemdTrainingOOM", "MemdSamplingErrors"}
+    required = {"MemdDown", "MemdRestartLoop", "MemdHostMemoryLow", "MemdMemoryPressureWarning",
+                "MemdMemoryPressureCritical", "MemdCgroupNearLimit", "MemdTrainingNoHeadroom", "MemdGpuLost",
+                "MemdTrainingOOM", "MemdTrainingOOMRepeated", "MemdSamplingErrors"}
     assert required <= alerts
+
+
+def github_anchors(markdown):
+    """The anchors GitHub (and most Markdown renderers) give headings: lower case, punctuation
+    other than - and _ dropped, spaces to hyphens."""
+    headings = re.findall(r"^#{1,6} (.+?)\s*$", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_alert_links_its_runbook_section_of_deploy_md():
+    with open(os.path.join(ROOT, "docs", "deploy.md")) as f:
+        anchors = github_anchors(f.read())
+    with open(RULES) as f:
+        rules = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r]
+    for rule in rules:
+        url = rule["annotations"].get("runbook_url", "")
+        assert url.startswith(RUNBOOKS), (rule["alert"], url)
+        assert url[len(RUNBOOKS):] in anchors, "%s: no section %r in docs/deploy.md" % (rule["alert"], url)
+        assert url[len(RUNBOOKS):] == rule["alert"].lower()  # one section per alert, named by it
 
 
 def test_every_alert_says_what_to_do():

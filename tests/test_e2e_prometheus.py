@@ -23,9 +23,13 @@ from realdaemon import Daemon, free_port
 GiB = 2 ** 30
 GPUS = """
 gpu GPU-11111111-aaaa total=80GiB used=79GiB reserved=512MiB util=97 name=NVIDIA H100 80GB HBM3
-gpu GPU-22222222-bbbb total=80GiB used=8GiB reserved=512MiB util=20 {lost} name=NVIDIA H100 80GB HBM3
-proc GPU-22222222-bbbb {pid} 6GiB
+gpu GPU-22222222-bbbb total=80GiB used={used} reserved=512MiB util=20 {lost} name=NVIDIA H100 80GB HBM3
+proc GPU-22222222-bbbb {pid} 5GiB
+{others}
 """
+ROOMY = dict(used="8GiB", others="", lost="")
+# another process takes the job's GPU: not even the job's min_batch fits what is left
+CROWDED = dict(used="79GiB", others="proc GPU-22222222-bbbb 1 74GiB", lost="")
 DASHBOARD = os.path.join(ROOT, "grafana", "dashboards", "memd.json")
 RULES = os.path.join(ROOT, "prometheus", "memd-rules.yml")
 DEADLINE = 25.0  # seconds for everything to show up; typically 3-6
@@ -155,7 +159,7 @@ def wait_until(predicate, what, deadline, tick=None):
 @pytest.fixture
 def stack(tmp_path, fake_nvml):
     require("prometheus")
-    fake_nvml.write(GPUS.format(pid=os.getpid(), lost=""))
+    fake_nvml.write(GPUS.format(pid=os.getpid(), **ROOMY))
     memd = Daemon(tmp_path, metrics=True, env={**fake_nvml.env({}), "MEMD_JOB_INTERVAL": "0.2"}).start()
     prom = Prometheus(tmp_path, memd.metrics_address)
     try:
@@ -169,7 +173,7 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
     memd, prom, fake = stack
     deadline = time.monotonic() + DEADLINE
     prom.wait_ready(deadline)
-    with client.Session("e2e-train", endpoint=memd.endpoint, timeout=1.0, default_batch=8,
+    with client.Session("e2e-train", endpoint=memd.endpoint, timeout=1.0, default_batch=8, min_batch=8,
                         target_effective_batch=64, max_batch=64, device="cuda:1") as session:
         session.plan()
         steps = [0]
@@ -239,16 +243,22 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
         marks = wait_until(lambda: prom.query(oom_annotation[1]), "the OOM annotation", deadline)
         assert legend_labels(oom_annotation[2]) <= set(marks[0]["metric"])
 
+        # Another process takes the job's GPU: memd's plan (its min_batch) no longer fits the budget.
+        assert prom.query(alerts["MemdTrainingNoHeadroom"]["query"]) == []
+        fake.write(GPUS.format(pid=os.getpid(), **CROWDED))
+        wait_until(lambda: state("MemdTrainingNoHeadroom") == "pending", "MemdTrainingNoHeadroom pending", deadline,
+                   train_step)
+        crowded = prom.query(alerts["MemdTrainingNoHeadroom"]["query"])
+        assert [(s["metric"]["training_job"], s["metric"]["pool"]) for s in crowded] == [
+            ("e2e-train", "GPU-22222222-bbbb")]
+
         # Then a lost GPU.
-        fake.write(GPUS.format(pid=os.getpid(), lost="fail=lost"))
+        fake.write(GPUS.format(pid=os.getpid(), **dict(CROWDED, lost="fail=lost")))
         wait_until(lambda: state("MemdGpuLost") in ("pending", "firing"), "MemdGpuLost active", deadline)
         lost = prom.query(alerts["MemdGpuLost"]["query"])
         assert {s["metric"]["UUID"] for s in lost} == {"GPU-22222222-bbbb"}
         assert {s["metric"]["pci_bus_id"] for s in lost} == {"00000000:11:00.0"}  # remembered from before
         wait_until(lambda: state("MemdSamplingErrors") in ("pending", "firing"), "MemdSamplingErrors active", deadline)
-        # GPU 0 is 79 of 80 GiB used (PyTorch's cache looks like this): no alert; the job's plan fits
-        assert prom.query(alerts["MemdTrainingNoHeadroom"]["query"]) == []
-        assert state("MemdTrainingNoHeadroom") == "inactive"
         assert prom.query(alerts["MemdDown"]["query"]) == [] and state("MemdDown") == "inactive"
         assert prom.query(alerts["MemdAbsent"]["query"]) == [] and state("MemdAbsent") == "inactive"
         assert prom.query(alerts["MemdRestartLoop"]["query"]) == [] and state("MemdRestartLoop") == "inactive"

@@ -232,6 +232,7 @@ def test_dashboard_and_alerts_against_real_prometheus(stack):
         def state(name):
             return prom.rules()[name]["state"]
 
+        deadline = time.monotonic() + DEADLINE  # for the events below, each a scrape and an evaluation away
         session.report_oom(batch_size=8)
         wait_until(lambda: state("MemdTrainingOOM") == "pending", "MemdTrainingOOM pending", deadline)
         oom = prom.query(alerts["MemdTrainingOOM"]["query"])

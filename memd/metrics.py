@@ -3,15 +3,18 @@
 A scrape never samples: it builds fresh metric families from values the daemon already holds
 (prometheus/client_python's pattern for exporters that mirror another system). Base units only
 (bytes, seconds, ratios 0-1), ``_total`` counters, ``_info`` for metadata, and bounded labels:
-no pid labels; sessions are bounded by ``max_sessions``. docs/metrics.md lists every metric.
+no pid labels, and no per-run label: a session's series are named by its training job, rank and
+pool, so the next run of a job continues them. GPU labels are dcgm-exporter's where they mean the
+same thing, so the two join without ``label_replace``. docs/metrics.md lists every metric.
 """
 from __future__ import annotations
 
 import errno
 import platform
-from typing import Dict, Iterator, Optional, Union
+import re
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,10 +26,19 @@ from prometheus_client.core import (
 from memd.config import ConfigError, parse_address
 from memd.core import VERSION, Core
 from memd.policy.pressure import rank
-from memd.sampling.snapshot import UNIFIED, Snapshot
+from memd.sampling.snapshot import UNIFIED, Gpu, Snapshot
+from memd.sessions import SessionRecord
 
-GPU_LABELS = ["gpu", "uuid", "name", "parent_uuid"]
-SESSION_LABELS = ["session", "job", "rank", "pool", "pod_uid", "slurm_job_id"]
+# dcgm-exporter's names where they mean the same thing (gpu, UUID, modelName, pci_bus_id and, on
+# a MIG instance, GPU_I_ID and GPU_I_PROFILE; UUID and modelName are then the physical GPU's, as
+# there), plus memd's own mig_uuid: the MIG instance's uuid, what CUDA and a session's pool name.
+GPU_LABELS = ["gpu", "UUID", "modelName", "pci_bus_id", "GPU_I_ID", "GPU_I_PROFILE", "mig_uuid"]
+# A session's series: its training job (never `job`, which Prometheus owns), rank and pool. No
+# per-run label: a job's next run continues the same series (a pod's or a Slurm job's runs are
+# told apart by pod_uid and slurm_job_id, empty elsewhere; their series end with the session).
+# session_labels() fills them in order.
+SESSION_LABELS = ["training_job", "rank", "pool", "pod_uid", "slurm_job_id"]
+MIG_PROFILE = re.compile(r"\bMIG (\S+)$")  # "NVIDIA A100-SXM4-80GB MIG 1g.10gb" -> "1g.10gb"
 PSI_WINDOWS = (("10", "avg10"), ("60", "avg60"), ("300", "avg300"))
 # Every source a sampling error can come from, exported at 0 from the start so that rate() and
 # alerts see the series before its first error (Prometheus' advice: initialise known labels).
@@ -55,6 +67,7 @@ class MemdCollector:
         core = self.core
         sessions = list(core.sessions)
         yield _gauge("memd_sessions", "Training sessions registered now", len(sessions))
+        shown = newest_per_series(sessions)
 
         def gauge(name: str, help_text: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, help_text, labels=SESSION_LABELS)
@@ -72,12 +85,12 @@ class MemdCollector:
             "peak": gauge("memd_session_peak_bytes", "Peak memory of the session's last report"),
             "budget": gauge("memd_session_budget_bytes", "Largest peak the session's pool allows now"),
             "predicted": gauge("memd_session_predicted_peak_bytes", "Peak the learned curve predicts for the plan"),
+            "unrecovered": gauge("memd_session_ooms_unrecovered",
+                                 "Out-of-memory errors since the session's last completed step"),
             "ooms": counter("memd_session_ooms", "Out-of-memory errors the session reported"),
             "reports": counter("memd_session_reports", "Step reports the session sent"),
         }
-        for s in sessions:
-            labels = [str(s.sid), s.job, "" if s.rank is None else str(s.rank), s.pool or "", s.pod_uid or "",
-                      s.slurm_job_id or ""]
+        for labels, s in shown:
             plan = s.plan
             if plan is not None:
                 families["batch"].add_metric(labels, plan.batch_size)
@@ -93,6 +106,7 @@ class MemdCollector:
                 families["budget"].add_metric(labels, s.budget_bytes)
             if s.predicted_peak_bytes is not None:
                 families["predicted"].add_metric(labels, s.predicted_peak_bytes)
+            families["unrecovered"].add_metric(labels, s.ooms_unrecovered)
             families["ooms"].add_metric(labels, s.ooms)
             families["reports"].add_metric(labels, s.reports)
         yield from families.values()
@@ -192,8 +206,9 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
     healthy = GaugeMetricFamily("memd_gpu_healthy", "1 while the GPU answers, 0 when lost or failing",
                                 labels=GPU_LABELS)
     unified = GaugeMetricFamily("memd_gpu_unified_memory", "1 when the GPU uses host memory", labels=GPU_LABELS)
+    physical = {gpu.uuid: gpu for gpu in snap.gpus if gpu.mig_parent_uuid is None and gpu.uuid}
     for gpu in snap.gpus:
-        labels = [str(gpu.index), gpu.uuid or "", gpu.name or "", gpu.mig_parent_uuid or ""]  # None: never read
+        labels = gpu_labels(gpu, physical.get(gpu.mig_parent_uuid or ""))
         for attr, family in families.items():
             value = getattr(gpu, attr)
             if value is not None:
@@ -205,8 +220,48 @@ def _gpus(snap: Snapshot) -> Iterator[Metric]:
     yield unified
 
 
+def gpu_labels(gpu: Gpu, parent: Optional[Gpu]) -> List[str]:
+    """GPU_LABELS' values ("" for unknown: a device lost before it ever answered). A MIG instance
+    is labelled by its physical GPU (``parent``, when in the same snapshot), as dcgm-exporter does."""
+    if gpu.mig_parent_uuid is None:
+        return [str(gpu.index), gpu.uuid or "", gpu.name or "", gpu.pci_bus_id or "", "", "", ""]
+    profile = MIG_PROFILE.search(gpu.name or "")
+    model = parent.name if parent is not None else MIG_PROFILE.sub("", gpu.name or "").strip()
+    return [str(gpu.index), gpu.mig_parent_uuid, model or "", (parent.pci_bus_id if parent else None) or "",
+            "" if gpu.gpu_instance_id is None else str(gpu.gpu_instance_id),
+            profile.group(1) if profile else "", gpu.uuid or ""]
+
+
+def session_labels(s: SessionRecord) -> List[str]:
+    """SESSION_LABELS' values for one session."""
+    return [s.job, "" if s.rank is None else str(s.rank), s.pool or "", s.pod_uid or "", s.slurm_job_id or ""]
+
+
+def newest_per_series(sessions: Sequence[SessionRecord]) -> List[Tuple[List[str], SessionRecord]]:
+    """(labels, session) with one session per label set: two runs of one job with the same rank
+    on one pool (rare: two users' "train") would otherwise be duplicate series, which Prometheus
+    drops. The newer run is shown; `memd status` lists both."""
+    newest: Dict[Tuple[str, ...], SessionRecord] = {}
+    for s in sessions:
+        key = tuple(session_labels(s))
+        if key not in newest or s.sid > newest[key].sid:
+            newest[key] = s
+    return [(list(key), s) for key, s in newest.items()]
+
+
 def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_text, value=value)
+
+
+def build_registry(core: Core) -> CollectorRegistry:
+    """memd's collector beside prometheus_client's process and platform collectors: every
+    exporter's `process_*` self-metrics (memory, CPU, file descriptors, start time) and
+    `python_info`, so memd's own cost is watched like any other exporter's."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MemdCollector(core))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
 
 
 class MetricsServer:
@@ -222,8 +277,7 @@ class MetricsServer:
 def serve(core: Core, address: str, registry: Optional[CollectorRegistry] = None) -> MetricsServer:
     """Serve /metrics on ``address``; ConfigError (naming the flag) when the port is taken."""
     host, port = parse_address(address)
-    registry = registry or CollectorRegistry(auto_describe=False)
-    registry.register(MemdCollector(core))
+    registry = registry or build_registry(core)
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:

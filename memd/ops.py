@@ -200,6 +200,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
         session.latest_peak, session.latest_batch = peak, batch
         session.note_peak(core.clock(), peak)
     session.reports += 1
+    session.ooms_unrecovered = 0  # a completed step: memd's answer to its OOMs worked
     if session.at_ceiling and batch == session.state.batch:
         session.ceiling_steps += 1  # a clean step held at its ceiling (SessionRecord.learned)
     session.state = after_report(session.state, batch)
@@ -232,6 +233,7 @@ def oom(core: Core, req: Dict[str, Any]) -> Result:
     session = core.sessions.get(req.get("token"))
     batch = _int(req, "batch_size", required=True)
     session.ooms += 1
+    session.ooms_unrecovered += 1
     session.note_oom(core.clock())
     core.ooms_reported += 1
     session.state = after_oom(session.state, batch, session.limits, core.config.policy)

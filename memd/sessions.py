@@ -109,6 +109,9 @@ class SessionRecord:
     rooms: Deque[Tuple[float, int, int]] = field(default_factory=lambda: collections.deque(maxlen=2))
     reports: int = 0
     ooms: int = 0
+    # OOMs since its last completed step: 0 again once it steps on the plan memd gave after them
+    # (the OOM alert's "handled"; docs/deploy.md#memdtrainingoom)
+    ooms_unrecovered: int = 0
     decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
     remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
     observed: int = 0  # observations ever added (observe), however many the history still holds

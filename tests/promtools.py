@@ -32,6 +32,8 @@ def families(exposition: str) -> Dict[str, str]:
 
 
 def documented_families() -> Dict[str, str]:
-    """Metric name -> type from the tables of docs/metrics.md (rows whose first cell is a memd_ name)."""
+    """Metric name -> type from the tables of docs/metrics.md (rows whose first cell is a memd_,
+    process_ or python_ name)."""
     with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
-        return dict(re.findall(r"^\| `(memd_[a-z0-9_]+)` \| (gauge|counter|histogram) \|", f.read(), re.M))
+        return dict(re.findall(r"^\| `((?:memd|process|python)_[a-z0-9_]+)` \| (gauge|counter|histogram) \|",
+                               f.read(), re.M))

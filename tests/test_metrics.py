@@ -1,10 +1,14 @@
 """The metrics Collector over a fixture Snapshot and sessions, in a fresh registry (no daemon)."""
-from prometheus_client import CollectorRegistry, generate_latest
+import os
+import re
 
+from prometheus_client import generate_latest
+
+from memd import ops
 from memd.client.plan import Plan
 from memd.config import Config
 from memd.core import Core
-from memd.metrics import SAMPLE_SOURCES, MemdCollector
+from memd.metrics import SAMPLE_SOURCES, build_registry
 from memd.policy.controller import Limits
 from memd.sampling.snapshot import Cgroup, Gpu, Pressure, Snapshot, SystemMemory
 from memd.sessions import Sessions
@@ -20,9 +24,12 @@ def snapshot(**overrides):
         pressure=Pressure(0.1, 0.05, 0.01, 0.02, 0.01, 0.0, 12.5, 3.25),
         cgroup=Cgroup(2, "/system.slice/memd.service", 32 * GiB, 20 * GiB, working_set_bytes=18 * GiB,
                       oom_events=2, oom_kill_events=1),
-        gpus=(Gpu(0, "GPU-aaaa", "NVIDIA H100", 80 * GiB, 10 * GiB, 69 * GiB, GiB, False, utilization=0.5),
-              Gpu(1, "GPU-bbbb", "NVIDIA A100", None, None, None, None, False, healthy=False, error="lost"),
-              Gpu(1, "MIG-cccc", "MIG 1g.10gb", 10 * GiB, GiB, 9 * GiB, 0, False, mig_parent_uuid="GPU-bbbb")),
+        gpus=(Gpu(0, "GPU-aaaa", "NVIDIA H100", 80 * GiB, 10 * GiB, 69 * GiB, GiB, False, utilization=0.5,
+                  pci_bus_id="00000000:10:00.0"),
+              Gpu(1, "GPU-bbbb", "NVIDIA A100", None, None, None, None, False, healthy=False, error="lost",
+                  pci_bus_id="00000000:3F:00.0"),
+              Gpu(1, "MIG-cccc", "NVIDIA A100 MIG 1g.10gb", 10 * GiB, GiB, 9 * GiB, 0, False,
+                  mig_parent_uuid="GPU-bbbb", gpu_instance_id=7)),
         oom_kills=7, duration_seconds=0.002)
     fields.update(overrides)
     return Snapshot(**fields)
@@ -36,9 +43,7 @@ def core_with(tmp_path, snap):
 
 
 def scrape(core):
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(MemdCollector(core))
-    return registry
+    return build_registry(core)
 
 
 def value(registry, metric, **labels):
@@ -57,17 +62,20 @@ def test_host_pressure_cgroup_and_gpus_in_base_units(tmp_path):
     assert value(reg, "memd_cgroup_memory_limit_bytes", **cg) == 32 * GiB
     assert value(reg, "memd_cgroup_memory_working_set_bytes", **cg) == 18 * GiB
     assert value(reg, "memd_cgroup_oom_kill_events_total", **cg) == 1
-    h100 = {"gpu": "0", "uuid": "GPU-aaaa", "name": "NVIDIA H100", "parent_uuid": ""}
+    # dcgm-exporter's label names and values, so that its series join memd's on UUID
+    h100 = {"gpu": "0", "UUID": "GPU-aaaa", "modelName": "NVIDIA H100", "pci_bus_id": "00000000:10:00.0",
+            "GPU_I_ID": "", "GPU_I_PROFILE": "", "mig_uuid": ""}
     assert value(reg, "memd_gpu_memory_used_bytes", **h100) == 10 * GiB
     assert value(reg, "memd_gpu_utilization_ratio", **h100) == 0.5
     assert value(reg, "memd_gpu_healthy", **h100) == 1
-    lost = {"gpu": "1", "uuid": "GPU-bbbb", "name": "NVIDIA A100", "parent_uuid": ""}
+    lost = dict(h100, gpu="1", UUID="GPU-bbbb", modelName="NVIDIA A100", pci_bus_id="00000000:3F:00.0")
     assert value(reg, "memd_gpu_healthy", **lost) == 0
     assert value(reg, "memd_gpu_memory_total_bytes", **lost) is None  # unknown is absent, never 0
     never = snapshot(gpus=(Gpu(2, None, None, None, None, None, None, False, healthy=False, error="lost"),))
     unnamed = scrape(core_with(tmp_path, never))  # a GPU lost before it ever answered: no uuid, no name
-    assert value(unnamed, "memd_gpu_healthy", gpu="2", uuid="", name="", parent_uuid="") == 0
-    mig = {"gpu": "1", "uuid": "MIG-cccc", "name": "MIG 1g.10gb", "parent_uuid": "GPU-bbbb"}
+    assert value(unnamed, "memd_gpu_healthy", **dict(h100, gpu="2", UUID="", modelName="", pci_bus_id="")) == 0
+    # a MIG instance: its GPU's UUID, model and bus, its instance id and profile, as dcgm-exporter
+    mig = dict(lost, GPU_I_ID="7", GPU_I_PROFILE="1g.10gb", mig_uuid="MIG-cccc")
     assert value(reg, "memd_gpu_memory_total_bytes", **mig) == 10 * GiB
     assert value(reg, "memd_unified_memory") == 0
     assert value(reg, "memd_build_info", version="0.1.0", python=__import__("platform").python_version()) == 1
@@ -96,7 +104,7 @@ def test_sessions_and_requests(tmp_path):
     core.observe_request("plan", "ok", 0.0003)
     s.slurm_job_id = "42"  # attributed (memd.attribution): a label of each session series
     reg = scrape(core)
-    labels = {"session": str(s.sid), "job": "llama", "rank": "0", "pool": "", "pod_uid": "", "slurm_job_id": "42"}
+    labels = {"training_job": "llama", "rank": "0", "pool": "", "pod_uid": "", "slurm_job_id": "42"}
     assert value(reg, "memd_session_recommended_batch_size", **labels) == 16
     assert value(reg, "memd_session_grad_accum_steps", **labels) == 4
     assert value(reg, "memd_session_recommended_workers", **labels) == 2
@@ -110,13 +118,61 @@ def test_sessions_and_requests(tmp_path):
     assert value(reg, "memd_request_duration_seconds_count") == 1
     text = generate_latest(reg).decode()
     assert "pid" not in text.replace("rapid", "")  # no pid labels: bounded label sets
+    assert not re.search(r'[{,](job|session)="', text)  # Prometheus owns `job`; no per-run label
+
+
+def test_a_jobs_next_run_continues_its_series_and_one_series_per_label_set(tmp_path):
+    core = core_with(tmp_path, snapshot())
+    first = core.sessions.open(job="llama", pid=1, host="h", local=False, start_time=None, limits=Limits(), rank=0)
+    first.latest_batch = 8
+    series = {"training_job": "llama", "rank": "0", "pool": "", "pod_uid": "", "slurm_job_id": ""}
+    assert value(scrape(core), "memd_session_batch_size", **series) == 8
+    second = core.sessions.open(job="llama", pid=2, host="h", local=False, start_time=None, limits=Limits(), rank=0)
+    second.latest_batch = 12
+    text = generate_latest(scrape(core)).decode()
+    assert text.count("memd_session_batch_size{") == 1  # never two samples of one series
+    assert value(scrape(core), "memd_session_batch_size", **series) == 12  # the newer run
+    core.sessions.close(second.token)
+    core.sessions.close(first.token)
+    third = core.sessions.open(job="llama", pid=3, host="h", local=False, start_time=None, limits=Limits(), rank=0)
+    third.latest_batch = 16
+    assert value(scrape(core), "memd_session_batch_size", **series) == 16  # the same series again
+
+
+def test_an_oom_counts_as_unrecovered_until_the_job_steps_again(tmp_path):
+    core = core_with(tmp_path, snapshot())
+    token = ops.hello(core, dict(job="cnn", pid=1, host="elsewhere", min_batch=1, default_batch=8))["token"]
+    series = {"training_job": "cnn", "rank": "", "pod_uid": "", "slurm_job_id": ""}
+    pool = next(s.pool or "" for s in core.sessions)
+
+    def unrecovered():
+        return value(scrape(core), "memd_session_ooms_unrecovered", pool=pool, **series)
+
+    assert unrecovered() == 0
+    ops.oom(core, {"token": token, "batch_size": 8})
+    ops.oom(core, {"token": token, "batch_size": 6})
+    assert unrecovered() == 2  # memd's first cut was not enough
+    assert value(scrape(core), "memd_session_ooms_total", pool=pool, **series) == 2
+    ops.report(core, {"token": token, "batch_size": 4, "peak_bytes": GiB})
+    assert unrecovered() == 0  # a completed step on memd's new plan: handled
+    assert value(scrape(core), "memd_session_ooms_total", pool=pool, **series) == 2
+
+
+def test_process_and_platform_self_metrics(tmp_path):
+    reg = scrape(core_with(tmp_path, snapshot()))
+    assert "python_info{" in generate_latest(reg).decode()
+    if os.path.exists("/proc/self/stat"):  # prometheus_client reads /proc: Linux only
+        assert value(reg, "process_resident_memory_bytes") > 0
+        assert value(reg, "process_open_fds") > 0
 
 
 def test_a_scrape_never_samples(tmp_path):
     """A scrape builds its families from what the daemon holds: it opens no file (/proc, /sys,
     cgroupfs), lists no directory, loads no library (NVML) and starts no process. Python's audit
     hooks see every such call, from psutil and prometheus_client's own collectors too; a hook
-    cannot be removed, so the scrape runs in a process of its own."""
+    cannot be removed, so the scrape runs in a process of its own. The one exception is memd's
+    own process (/proc/self: prometheus_client's process collector, memd's `process_*` metrics,
+    as every exporter has them), never the machine's or a job's."""
     import json
     import subprocess
     import sys
@@ -138,11 +194,13 @@ before, seen = core.snapshot, []
 sys.addaudithook(lambda event, args: seen.append([event, str(args[0])[:80]]) if event in (
     "open", "os.listdir", "os.scandir", "ctypes.dlopen", "subprocess.Popen", "os.exec", "socket.connect") else None)
 text = generate_latest(registry).decode()
-print(json.dumps([seen, core.snapshot is before, "memd_sessions 1.0" in text]))
+own = [e for e in seen if e[1].startswith("/proc/self/")]
+print(json.dumps([[e for e in seen if e not in own], core.snapshot is before, "memd_sessions 1.0" in text,
+                  bool(own)]))
 """
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=memd_env(), capture_output=True,
                          text=True, check=True)
-    assert json.loads(out.stdout) == [[], True, True]
+    assert json.loads(out.stdout) == [[], True, True, True]  # (its own /proc/self read: the hook sees reads)
 
 
 def test_docs_list_exactly_the_families_the_collector_can_expose(tmp_path):

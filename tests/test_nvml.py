@@ -84,6 +84,7 @@ def test_scenario_two_discrete_gpus(fake_nvml_inprocess, nvml):
     assert h100.utilization == pytest.approx(0.42)
     assert not h100.unified and h100.healthy
     assert h100.error is None and h100.mig_parent_uuid is None
+    assert (h100.pci_bus_id, l4.pci_bus_id) == ("00000000:10:00.0", "00000000:11:00.0")  # as dcgm-exporter's
     assert (l4.total_bytes, l4.used_bytes, l4.reserved_bytes) == (24 * GiB, 1000, 2000)
     assert l4.free_bytes == 24 * GiB - 3000
     assert l4.utilization == 0.0
@@ -206,7 +207,7 @@ def test_scenario_mig_instances(fake_nvml_inprocess, nvml):
 gpu GPU-a100 total=40GiB used=6GiB reserved=300MiB name=NVIDIA A100-SXM4-40GB
 mig GPU-a100 MIG-aaaa total=20GiB used=5GiB reserved=0 name=NVIDIA A100-SXM4-40GB MIG 3g.20gb
 mig GPU-a100 MIG-bbbb total=10GiB used=1GiB reserved=1MiB name=NVIDIA A100-SXM4-40GB MIG 2g.10gb
-gpu GPU-plain total=16GiB used=0 name=Tesla V100
+gpu GPU-plain total=16GiB used=0 pci=00000000:3F:00.0 name=Tesla V100
 proc MIG-aaaa 321 4GiB
 proc MIG-bbbb 654 na
 proc GPU-a100 321 4GiB
@@ -226,6 +227,8 @@ proc GPU-plain 987 1GiB
     assert a.processes == (GpuProcess(321, 4 * GiB),)
     assert b.processes == (GpuProcess(654, None),)
     assert b.name == "NVIDIA A100-SXM4-40GB MIG 2g.10gb"
+    assert [(g.pci_bus_id, g.gpu_instance_id) for g in gpus] == [
+        ("00000000:10:00.0", None), (None, 1), (None, 2), ("00000000:3F:00.0", None)]
 
 
 def test_gpu_lost_while_listing_mig_devices(fake_nvml_inprocess, nvml):

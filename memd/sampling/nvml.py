@@ -143,8 +143,10 @@ class Nvml:
         self._device_count: Optional[int] = None
         self._missing: set[str] = set()  # versioned functions this driver lacks
         self._said: set[str] = set()  # keys of things logged once
-        # (index, MIG slot or -1) -> (uuid, name) from the last sample that could read them
-        self._known: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str]]] = {}
+        # (index, MIG slot or -1) -> uuid, name, PCI bus id, GPU instance id from the last sample
+        # that could read them
+        self._known: Dict[Tuple[int, int], Tuple[Optional[str], Optional[str], Optional[str], Optional[int]]] = {}
+        self._where: Dict[str, Tuple[Optional[str], Optional[int]]] = {}  # uuid -> _location(), read once
 
     # ---- public ----
 
@@ -295,7 +297,8 @@ class Nvml:
         try:
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             name = pynvml.nvmlDeviceGetName(handle)
-            self._known[key] = (uuid, name)
+            where = self._location(handle, uuid, parent_uuid, errors)
+            self._known[key] = (uuid, name, *where)
             unified, (total, used, free, reserved) = _classify(self._memory(handle), name,
                                                                 host_total)
             utilization = self._reading("utilization", uuid, errors,
@@ -308,18 +311,30 @@ class Nvml:
         return Gpu(index=key[0], uuid=uuid, name=name, total_bytes=total, used_bytes=used,
                    free_bytes=free, reserved_bytes=reserved, unified=unified,
                    utilization=None if utilization is None else utilization.gpu / 100.0,
-                   processes=processes, mig_parent_uuid=parent_uuid)
+                   processes=processes, mig_parent_uuid=parent_uuid, pci_bus_id=where[0],
+                   gpu_instance_id=where[1])
+
+    def _location(self, handle: Any, uuid: str, parent_uuid: Optional[str],
+                  errors: Errors) -> Tuple[Optional[str], Optional[int]]:
+        """(PCI bus id, GPU instance id): what dcgm-exporter labels a device by, so that memd's
+        series join its. A GPU has a bus id, a MIG instance an instance id (and its GPU's bus)."""
+        if parent_uuid is None:
+            pci = self._reading("PCI info", uuid, errors, pynvml.nvmlDeviceGetPciInfo_v3, handle)
+            bus = None if pci is None else pci.busId
+            return (bus.decode() if isinstance(bus, bytes) else bus) or None, None
+        return None, self._reading("GPU instance id", uuid, errors, pynvml.nvmlDeviceGetGpuInstanceId, handle)
 
     def _broken(self, key: Tuple[int, int], parent_uuid: Optional[str], error: Exception,
                 errors: Errors) -> Gpu:
         index, slot = key
         # What an earlier sample learnt; None (unknown) when the device never answered.
-        uuid, name = self._known.get(key, (None, None))
+        uuid, name, pci, instance = self._known.get(key, (None, None, None, None))
         label = uuid or (f"GPU {index}" if slot < 0 else f"GPU {index} MIG slot {slot}")
         errors.append(("nvml", f"{label}: {error}"))
         return Gpu(index=index, uuid=uuid, name=name, total_bytes=None, used_bytes=None,
                    free_bytes=None, reserved_bytes=None, unified=False, healthy=False,
-                   error=str(error), mig_parent_uuid=parent_uuid)
+                   error=str(error), mig_parent_uuid=parent_uuid, pci_bus_id=pci,
+                   gpu_instance_id=instance)
 
     def _memory(self, handle: Any) -> Optional[Memory]:
         """Total, used, free, reserved bytes (reserved None from the v1 query); None when the

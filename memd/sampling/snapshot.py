@@ -70,6 +70,8 @@ class Gpu:
     error: Optional[str] = None
     processes: Tuple[GpuProcess, ...] = ()
     mig_parent_uuid: Optional[str] = None  # set on a MIG instance: the physical GPU's uuid
+    pci_bus_id: Optional[str] = None  # NVML's busId ("00000000:3F:00.0"); None on a MIG instance
+    gpu_instance_id: Optional[int] = None  # a MIG instance's GPU instance id (dcgm's GPU_I_ID)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,13 @@
  *       hang=<milliseconds>       the memory queries stall that long first (a wedged driver)
  *       mig=on|off|<error>        MIG mode, or the error its MIG queries return (default:
  *                                 Not Supported; on when the GPU has mig lines)
+ *       pci=<bus id>|<error>      nvmlDeviceGetPciInfo_v3's busId (default 00000000:NN:00.0,
+ *                                 NN = 0x10 + the GPU's index, in hex); a MIG device answers
+ *                                 Not Supported (its GPU's bus id is the one to use)
  *   mig <parent-uuid> <uuid> [total= used= reserved= util= fail= memory= procs= name=]
- *                                 a MIG device of an earlier gpu (utilization defaults to na)
+ *                                 a MIG device of an earlier gpu (utilization defaults to na);
+ *                                 its GPU instance id (nvmlDeviceGetGpuInstanceId) is its
+ *                                 position among its GPU's mig lines plus one
  *   proc <uuid> <pid> <size>|na [graphics]
  *                                 a process on a GPU or MIG device (compute unless "graphics");
  *                                 na: NVML_VALUE_NOT_AVAILABLE, as on WDDM or without permission
@@ -98,7 +103,8 @@ typedef struct {
 #define TEXT 96
 
 struct fake_device {
-    char uuid[TEXT], name[TEXT];
+    char uuid[TEXT], name[TEXT], pci[TEXT];
+    int pci_fail;
     unsigned long long total, used, reserved;
     unsigned int util, memutil;
     int util_na, fail, memory_fail, procs_fail;
@@ -208,6 +214,8 @@ static void parse_device_keys(struct fake_device *d, char *rest, int line)
         else if (strcmp(tok, "mig") == 0 && strcmp(value, "on") == 0) d->mig_mode = 1;
         else if (strcmp(tok, "mig") == 0 && strcmp(value, "off") == 0) d->mig_mode = 0;
         else if (strcmp(tok, "mig") == 0) d->mig_fail = parse_error(value, line);
+        else if (strcmp(tok, "pci") == 0 && strchr(value, ':')) copy_text(d->pci, value);
+        else if (strcmp(tok, "pci") == 0) d->pci_fail = parse_error(value, line);
         else warn(line, "key", tok);
     }
 }
@@ -257,6 +265,12 @@ static void parse_line(char *text, int line)
         copy_text(d->name, name ? name : "NVIDIA Fake GPU");
         d->mig_mode = -1;
         d->parent = parent;
+        if (parent < 0) {
+            int gpus = 0;
+            for (int i = 0; i < cfg.ndevices; i++)
+                gpus += cfg.devices[i].parent < 0;
+            snprintf(d->pci, TEXT, "00000000:%02X:00.0", 0x10 + gpus);
+        }
         if (parent >= 0) {
             struct fake_device *p = &cfg.devices[parent];
             int children = 0;
@@ -606,6 +620,44 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
     return processes(device, count, infos, 1, 0);
 }
 #endif
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    nvmlReturn_t ret = begin();
+    struct fake_device *d = lookup(device, &ret);
+    if (d && d->parent >= 0) ret = NVML_ERROR_NOT_SUPPORTED;
+    else if (d && d->pci_fail) ret = d->pci_fail;
+    else if (d && !pci) ret = NVML_ERROR_INVALID_ARGUMENT;
+    else if (d) {
+        memset(pci, 0, sizeof *pci);
+        snprintf(pci->busId, sizeof pci->busId, "%s", d->pci);
+        snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%s", d->pci + (strlen(d->pci) > 12 ? 4 : 0));
+        unsigned int dom = 0, bus = 0, dev = 0;
+        if (sscanf(d->pci, "%x:%x:%x", &dom, &bus, &dev) == 3) {
+            pci->domain = dom;
+            pci->bus = bus;
+            pci->device = dev;
+        }
+        pci->pciDeviceId = 0x233010DE;
+    }
+    return end(ret);
+}
+
+/* A MIG device's GPU instance id; Invalid Argument on a physical GPU, as the real library. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id)
+{
+    nvmlReturn_t ret = begin();
+    struct fake_device *d = lookup(device, &ret);
+    if (d && (d->parent < 0 || !id)) ret = NVML_ERROR_INVALID_ARGUMENT;
+    else if (d) *id = (unsigned int)d->mig_index + 1;
+    return end(ret);
+}
 
 /* MIG mode, the MIG device count and MIG handles: Not Supported on a GPU without MIG and on a
  * MIG device itself. */

@@ -250,10 +250,10 @@ def oom(core: Core, req: Dict[str, Any]) -> Result:
 def bye(core: Core, req: Dict[str, Any]) -> Result:
     """End a session; what it learned is kept for the job's next run.
 
-    Request: token. Reply: {} (an unknown token is not an error: bye is idempotent).
+    Request: token (str). Reply: {} (an unknown token is not an error: bye is idempotent).
     """
-    token = req.get("token")
-    session = core.sessions.close(token) if isinstance(token, str) else None
+    token = _str(req, "token", required=True)
+    session = core.sessions.close(token)
     if session is not None:
         end(core, session, "bye")
     return {}

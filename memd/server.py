@@ -222,7 +222,7 @@ class Server:
             if not whole(request_id):
                 request_id = None
                 raise _Error(protocol.BAD_REQUEST, "id must be an integer")
-            if request.get("v") != protocol.VERSION:
+            if type(request.get("v")) is not int or request["v"] != protocol.VERSION:  # true == 1 in Python
                 raise _Error(protocol.UNSUPPORTED_VERSION, "protocol version %r is not supported (this daemon "
                              "speaks %d)" % (request.get("v"), protocol.VERSION))
             name = request.get("op")

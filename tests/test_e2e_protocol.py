@@ -36,6 +36,8 @@ def assert_alive(exchange):
     (msgpack.packb({"v": 1, "op": "ping", "id": "7"}), protocol.BAD_REQUEST),  # id of the wrong type
     (msgpack.packb({"v": 2, "op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
     (msgpack.packb({"op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
+    (msgpack.packb({"v": True, "op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),  # was taken as 1
+    (msgpack.packb({"v": 1.0, "op": "ping", "id": 7}), protocol.UNSUPPORTED_VERSION),
     (msgpack.packb({"v": 1, "op": "shutdown", "id": 7}), protocol.UNKNOWN_OP),
     (msgpack.packb({"v": 1, "op": 5, "id": 7}), protocol.INVALID),  # op of the wrong type
     (msgpack.packb({"v": 1, "op": [1], "id": 7}), protocol.INVALID),  # was internal, with a traceback logged each time
@@ -50,6 +52,8 @@ def assert_alive(exchange):
                     "target_effective_batch": 4}), protocol.INVALID),
     (msgpack.packb({"v": 1, "op": "plan", "id": 7, "token": "forged"}), protocol.UNKNOWN_SESSION),
     (msgpack.packb({"v": 1, "op": "report", "id": 7, "token": 12}), protocol.UNKNOWN_SESSION),
+    (msgpack.packb({"v": 1, "op": "bye", "id": 7, "token": 12}), protocol.INVALID),  # was "ok"
+    (msgpack.packb({"v": 1, "op": "bye", "id": 7}), protocol.INVALID),
 ])
 def test_malformed_requests_get_error_replies(raw, payload, code):
     reply = raw(payload)

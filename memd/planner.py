@@ -10,8 +10,9 @@ import collections
 import hashlib
 import json
 from dataclasses import replace
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence
+from typing import Dict, Iterable, Optional
 
+from memd.claims import Claims, Others, counts, gather, neighbour
 from memd.config import PolicyConfig
 from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
@@ -109,23 +110,34 @@ def on_cpu(session: SessionRecord) -> bool:
     return (session.device or "").split(":")[0].strip().lower() == "cpu"
 
 
-class Neighbour(NamedTuple):
-    held: int  # what it held when the snapshot was taken (SessionRecord.peak_held_at)
-    predicted: Optional[float]  # the peak its plan predicts
-    wanted: Optional[int]  # the peak it would plan for with the pool to itself
-
-
 def neighbours(session: SessionRecord, pool_name: Optional[str], sessions: Iterable[SessionRecord],
-               at: float) -> List[Neighbour]:
+               at: float) -> Others:
     """The other sessions in a pool whose claims count against this one's room, as of the
-    snapshot taken ``at``: those whose process the daemon watches (SessionRecord.local: on this host,
-    its pid checked). What any other peer claims (another host, a pid it cannot check) is taken
-    for its own plan only: one such session claiming 20 GB of fixed memory cut a real job's plan
-    from 1034 to 58, four to 1. Their real use, where it is on this machine, is in the pool's
-    free memory all the same. Read once per decision: with 256 sessions it is most of a
-    report's cost."""
-    return [Neighbour(o.peak_held_at(at), o.predicted_peak_bytes, o.wanted_peak_bytes)
-            for o in sessions if o.pool == pool_name and o.local and o is not session]
+    snapshot taken ``at`` (claims.counts: those whose process the daemon watches). The registry
+    keeps them per pool and snapshot (Sessions.claims, kept up to date by record_claim), so a
+    decision reads sums, not every session; a plain list of sessions is read whole."""
+    memo: Optional[Dict[Optional[str], Claims]] = getattr(sessions, "claims", None)
+    if memo is None:
+        return gather(sessions, pool_name, at).others(session.sid)
+    version = getattr(sessions, "version", 0)
+    kept = memo.get(pool_name)
+    if kept is None or kept.at != at or kept.version != version:
+        for name in [name for name, c in memo.items() if c.at != at or c.version != version]:
+            del memo[name]  # another snapshot's or membership's: gathered again when asked for
+        kept = memo[pool_name] = gather(sessions, pool_name, at, version)
+    return kept.others(session.sid)
+
+
+def record_claim(session: SessionRecord, sessions: Iterable[SessionRecord], was: Optional[str], at: float) -> None:
+    """A session decided: its part of its pool's claims (neighbours) is its new plan's."""
+    memo: Optional[Dict[Optional[str], Claims]] = getattr(sessions, "claims", None)
+    if memo is None:
+        return
+    if was != session.pool and was in memo:
+        memo[was].drop(session.sid)
+    kept = memo.get(session.pool)
+    if kept is not None and kept.at == at and counts(session, session.pool):
+        kept.put(session.sid, neighbour(session, at))
 
 
 def fuller_than_planned(pool: budget.Pool, cfg: PolicyConfig) -> float:
@@ -137,22 +149,20 @@ def fuller_than_planned(pool: budget.Pool, cfg: PolicyConfig) -> float:
     return min(cfg.critical_available_ratio * pool.capacity_bytes, pool.margin_bytes / 2)
 
 
-def reserved_growth(others: Sequence[Neighbour]) -> int:
-    """Growth already promised to the other sessions in the pool, not yet visible as usage in
-    the snapshot."""
-    return sum(max(0, int(o.predicted) - o.held) for o in others if o.predicted is not None)
-
-
-def share_for(session: SessionRecord, pool: budget.Pool, greedy: int, others: Sequence[Neighbour],
-              at: float) -> Optional[int]:
+def share_for(session: SessionRecord, pool: budget.Pool, greedy: int, others: Others, at: float) -> Optional[int]:
     """The session's fair share of its pool (budget.fair_share) beside the others, or None when
-    it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised
-    to the others."""
-    if not others:
+    it has the pool to itself or no share the others may claim reaches into its budget.
+    ``greedy`` is its budget as if alone but for the growth promised to the others."""
+    if not others.number:
         return None
-    held = [(o.held, o.wanted) for o in others]
-    room = greedy + pool.reserved_bytes + sum(h for h, _ in held)
-    return budget.fair_share(room, session.peak_held_at(at), held)
+    room = greedy + pool.reserved_bytes + others.held
+    equal = room // (others.number + 1)
+    # fair_share keeps each other session max(held, min(wanted, equal)): at most max(held, wanted)
+    # (max(held, equal) while it does not know what it wants). Where even that much leaves this
+    # one its greedy budget, its share cannot bind: the common case, read from sums alone.
+    if room - others.upper - sum(max(held, equal) for held in others.unknown()) >= greedy:
+        return None
+    return budget.fair_share(room, session.peak_held_at(at), [(o.held, o.wanted) for o in others.listed()])
 
 
 def curve_for(session: SessionRecord, noise: float = NOISE, kills: bool = False):
@@ -200,7 +210,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     if pool.kind == DISCRETE:
         workers = replace(workers, growth=0)  # workers grow in host memory, not on the GPU
     others = neighbours(session, pool.name, sessions, snapshot.monotonic)
-    pool = pool.with_reserved(reserved_growth(others) + workers.growth)
+    pool = pool.with_reserved(others.growth + workers.growth)
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
     greedy = pool.budget(held_now)
     pool = pool.with_share(share_for(session, pool, greedy, others, snapshot.monotonic))
@@ -269,11 +279,13 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     session.at_ceiling = decision.at_ceiling
     # Unknown while its GPU is: the job's peaks are not measured meanwhile (ops._measure_peak),
     # as host RSS would teach a GPU job's curve the wrong memory.
+    was = session.pool
     session.pool = session.pool if gpu_gone else None if gpu_unknown else pool.name
     if session.pool_key is None and pool.name != budget.HOST and not gpu_gone:
         session.pool_key = pool_key(pool, snapshot) + comparable(session)  # its GPU was unknown at hello
     session.budget_bytes = decision.budget_bytes
     session.predicted_peak_bytes = decision.predicted_peak_bytes
+    record_claim(session, sessions, was, snapshot.monotonic)
     return decision
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import secrets
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from memd.client.plan import Plan
 from memd.policy.controller import ControlState, Limits
@@ -208,6 +208,8 @@ class Sessions:
         self._by_token: Dict[str, SessionRecord] = {}
         self._by_nonce: Dict[Tuple[str, int, str], SessionRecord] = {}
         self._next_sid = 0
+        self.version = 0  # changes as sessions open and end: the planner's claims are gathered again
+        self.claims: Dict[Optional[str], Any] = {}  # the planner's, per pool (planner.neighbours)
 
     def full(self) -> bool:
         return len(self._by_token) >= self.max_sessions
@@ -228,6 +230,7 @@ class Sessions:
         session = SessionRecord(token=secrets.token_urlsafe(18), sid=self._next_sid, created=now, last_seen=now,
                                 **fields)
         self._by_token[session.token] = session
+        self.version += 1
         if session.nonce is not None:
             self._by_nonce[(session.host, session.pid, session.nonce)] = session
         return session
@@ -262,6 +265,8 @@ class Sessions:
 
     def close(self, token: str) -> Optional[SessionRecord]:
         session = self._by_token.pop(token, None)
+        if session is not None:
+            self.version += 1
         if session is not None and session.nonce is not None:
             self._by_nonce.pop((session.host, session.pid, session.nonce), None)
         return session

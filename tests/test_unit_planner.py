@@ -1,12 +1,12 @@
 """The planner (memd/planner.py) on its own: the seam between the session records and the pure
 policy, fed fixture Snapshots and records; no sampling, no daemon."""
-from memd import planner
+from memd import claims, planner
 from memd.config import PolicyConfig
 from memd.policy import budget
 from memd.policy.controller import Limits
 from memd.policy.fit import Observation
 from memd.sampling.snapshot import CPU, DISCRETE, Cgroup, Gpu, JobMemory, ProcessMemory, Snapshot, SystemMemory
-from memd.sessions import SessionRecord
+from memd.sessions import SessionRecord, Sessions
 
 GiB = 2 ** 30
 CFG = PolicyConfig()
@@ -57,11 +57,46 @@ def test_only_watched_sessions_in_the_same_pool_count_as_neighbours():
     near.note_peak(5.0, GiB)
     others = [me, near, record(3, pool="GPU-a"), record(4, local=False, pool="host")]
     found = planner.neighbours(me, "host", others, at=6.0)
-    assert found == [planner.Neighbour(GiB, 3 * GiB, None)]
-    assert planner.reserved_growth(found) == 2 * GiB  # promised to it, not yet in use
+    assert found.listed() == [claims.Neighbour(GiB, 3 * GiB, None)]
+    assert found.growth == 2 * GiB  # promised to it, not yet in use
     pool = budget.Pool("host", CPU, 64 * GiB, 40 * GiB, None, GiB)
-    assert planner.share_for(me, pool, 30 * GiB, [], 6.0) is None  # alone: no share to keep to
-    assert planner.share_for(me, pool, 30 * GiB, found, 6.0) is not None
+    alone = planner.neighbours(me, "host", [me], at=6.0)
+    assert planner.share_for(me, pool, 30 * GiB, alone, 6.0) is None  # alone: no share to keep to
+    assert planner.share_for(me, pool, 30 * GiB, found, 6.0) == 31 * GiB // 2  # half of what the two may hold
+
+
+def test_claims_kept_as_sessions_decide_are_the_claims_read_whole():
+    """The registry's running sums (planner.neighbours with Sessions.claims, record_claim) stay
+    what a scan of every session gives, as sessions decide, move pools, and end."""
+    sessions = Sessions(16, 600.0, clock=lambda: 0.0, alive=lambda s: True)
+    records = [sessions.open(job="j%d" % i, pid=i, host="h", local=i != 3, start_time=None, limits=Limits())
+               for i in range(6)]
+    for i, r in enumerate(records):
+        r.pool = "host"
+        r.note_peak(1.0, (i + 1) * GiB)
+        r.predicted_peak_bytes = (i + 2) * GiB
+        r.wanted_peak_bytes = None if i % 2 else (i + 3) * GiB
+    at = 2.0
+
+    def agree():
+        for r in records:
+            kept = planner.neighbours(r, "host", sessions, at)
+            read = claims.gather(list(sessions), "host", at).others(r.sid)
+            assert (kept.number, kept.held, kept.growth, kept.upper, sorted(kept.unknown()), sorted(kept.listed())) \
+                == (read.number, read.held, read.growth, read.upper, sorted(read.unknown()), sorted(read.listed()))
+
+    agree()
+    records[1].predicted_peak_bytes, records[1].wanted_peak_bytes = 9 * GiB, 7 * GiB  # a new plan
+    planner.record_claim(records[1], sessions, "host", at)
+    records[1].note_peak(3.0, 8 * GiB)  # a report after the snapshot: not what it held then
+    agree()
+    records[2].pool = "GPU-a"  # its GPU is known now
+    planner.record_claim(records[2], sessions, "host", at)
+    agree()
+    sessions.close(records[4].token)  # ended: gathered again
+    records.pop(4)
+    agree()
+    assert planner.neighbours(records[0], "host", sessions, at).number == 2  # 1 and 5: not 3 (unwatched) nor 2
 
 
 def test_a_host_pools_room_is_the_larger_of_two_job_reads():

@@ -1,16 +1,18 @@
 """What the other sessions of a pool claim, kept per pool and snapshot so a decision reads it in
-constant time.
+sums, not session by session.
 
-A decision needs the sum of what the pool's other watched sessions hold and the growth their
-plans promise, and their fair-share claims (planner.share_for). Scanned at every decision,
-with 256 sessions in one pool it was most of a report's cost (0.1 ms of 0.16 in process), and
-it grew with every session. The sums are taken once per pool and snapshot and then kept as each
-session decides; what a session held is read as of the snapshot (SessionRecord.peak_held_at),
-which its later reports do not change, so only its plan's part moves. Membership changes (a
-session opens, ends, or moves pools) start the sums again.
+A decision needs the sum of what the pool's other watched sessions hold, the growth their plans
+promise, and their fair-share claims (planner.share_for). Scanned at every decision, with 256
+sessions in one pool it was most of a report's cost, and it grew with every session. The sums
+are taken once per pool and snapshot and then kept as each session decides; what a session held
+is read as of the snapshot (SessionRecord.peak_held_at), which its later reports do not change,
+so only its plan's part moves. Membership changes (a session opens, ends, or moves pools) start
+the sums again.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from memd.sessions import SessionRecord
@@ -41,59 +43,94 @@ def neighbour(session: SessionRecord, at: float) -> Neighbour:
 
 
 class Claims:
-    """The watched sessions of one pool as of the snapshot taken ``at``, with running sums."""
+    """The watched sessions of one pool as of the snapshot taken ``at``, with running sums, and
+    their fair-share claims sorted so that budget.fair_share's sum is read by bisection."""
 
     def __init__(self, at: float, version: int, sessions: Iterable[Tuple[int, Neighbour]] = ()):
         self.at, self.version = at, version
         self.members: Dict[int, Neighbour] = {}
-        self.held = self.growth = self.upper = 0  # upper: the sum of max(held, wanted) where wanted is known
-        self.unknown: Dict[int, int] = {}  # held, of those that do not know what they want yet
+        self.held = self.growth = 0
+        # fair_share keeps each session max(held, min(wanted, equal)) (wanted None: no bound).
+        # One that wants no more than it holds keeps what it holds (flat); for the others, sorted
+        # helds and wanteds with their prefix sums give the sum at any ``equal``.
+        self.flat = 0
+        self.helds: List[int] = []  # of the sessions that want more than they hold
+        self.wanteds: List[int] = []  # of those among them whose wanted is known
+        self._sums: Optional[Tuple[List[int], List[int]]] = None  # prefix sums, made when first asked for
         for sid, claim in sessions:
             self.put(sid, claim)
 
     def put(self, sid: int, claim: Neighbour) -> None:
         self.drop(sid)
         self.members[sid] = claim
-        self._count(claim, sid, 1)
+        self._count(claim, 1)
 
     def drop(self, sid: int) -> None:
         claim = self.members.pop(sid, None)
         if claim is not None:
-            self._count(claim, sid, -1)
+            self._count(claim, -1)
 
-    def _count(self, claim: Neighbour, sid: int, sign: int) -> None:
+    def _count(self, claim: Neighbour, sign: int) -> None:
         self.held += sign * claim.held
         self.growth += sign * claim.growth
-        if claim.wanted is None:
-            if sign > 0:
-                self.unknown[sid] = claim.held
-            else:
-                self.unknown.pop(sid, None)
+        if not _grows(claim):
+            self.flat += sign * claim.held
+            return
+        self._sums = None
+        if sign > 0:
+            bisect.insort(self.helds, claim.held)
+            if claim.wanted is not None:
+                bisect.insort(self.wanteds, claim.wanted)
         else:
-            self.upper += sign * max(claim.held, claim.wanted)
+            del self.helds[bisect.bisect_left(self.helds, claim.held)]
+            if claim.wanted is not None:
+                del self.wanteds[bisect.bisect_left(self.wanteds, claim.wanted)]
+
+    def kept(self, equal: int) -> int:
+        """Sum over the members of max(held, min(wanted, equal)): what budget.fair_share leaves
+        them, in O(log n) where the sum was O(n) at every decision."""
+        if self._sums is None:
+            self._sums = (list(itertools.accumulate(self.helds, initial=0)),
+                          list(itertools.accumulate(self.wanteds, initial=0)))
+        held_sums, wanted_sums = self._sums
+        below = bisect.bisect_left(self.helds, equal)  # they hold less than an equal share: they may grow to it
+        capped = bisect.bisect_right(self.wanteds, equal)  # they want no more than it: what they want
+        return (self.flat + held_sums[-1] - held_sums[below] + equal * (below - capped)
+                + wanted_sums[capped])
 
     def others(self, sid: int) -> "Others":
         own = self.members.get(sid)
         if own is None:
-            return Others(self, None, len(self.members), self.held, self.growth, self.upper)
-        return Others(self, sid, len(self.members) - 1, self.held - own.held, self.growth - own.growth,
-                      self.upper - (max(own.held, own.wanted) if own.wanted is not None else 0))
+            return Others(self, None, len(self.members), self.held, self.growth)
+        return Others(self, own, len(self.members) - 1, self.held - own.held, self.growth - own.growth)
+
+
+def _grows(claim: Neighbour) -> bool:
+    return claim.wanted is None or claim.wanted > claim.held
 
 
 class Others(NamedTuple):
     """One session's view of its pool's claims: everyone's but its own."""
     claims: Claims
-    own: Optional[int]  # its sid, when it is among the members
+    own: Optional[Neighbour]  # its own claim, when it is among the members
     number: int  # of the others
     held: int
-    growth: int  # planner.reserved_growth: promised to the others, not yet in use
-    upper: int  # sum of max(held, wanted) over the others that know what they want
+    growth: int  # promised to the others, not yet in use: held back from this one's budget
 
-    def unknown(self) -> List[int]:
-        return [held for sid, held in self.claims.unknown.items() if sid != self.own]
+    def kept(self, equal: int) -> int:
+        """budget.fair_share's sum over the others."""
+        kept = self.claims.kept(equal)
+        if self.own is not None:
+            own = self.own
+            kept -= max(own.held, equal if own.wanted is None else min(own.wanted, equal))
+        return kept
 
     def listed(self) -> List[Neighbour]:
-        return [claim for sid, claim in self.claims.members.items() if sid != self.own]
+        own = self.own
+        listed = list(self.claims.members.values())
+        if own is not None:
+            listed.remove(own)
+        return listed
 
 
 def gather(sessions: Iterable[SessionRecord], pool_name: Optional[str], at: float, version: int = -1) -> Claims:

@@ -151,18 +151,12 @@ def fuller_than_planned(pool: budget.Pool, cfg: PolicyConfig) -> float:
 
 def share_for(session: SessionRecord, pool: budget.Pool, greedy: int, others: Others, at: float) -> Optional[int]:
     """The session's fair share of its pool (budget.fair_share) beside the others, or None when
-    it has the pool to itself or no share the others may claim reaches into its budget.
-    ``greedy`` is its budget as if alone but for the growth promised to the others."""
+    it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised
+    to the others. The others' part is read from the pool's sorted claims (claims.Claims.kept)."""
     if not others.number:
         return None
     room = greedy + pool.reserved_bytes + others.held
-    equal = room // (others.number + 1)
-    # fair_share keeps each other session max(held, min(wanted, equal)): at most max(held, wanted)
-    # (max(held, equal) while it does not know what it wants). Where even that much leaves this
-    # one its greedy budget, its share cannot bind: the common case, read from sums alone.
-    if room - others.upper - sum(max(held, equal) for held in others.unknown()) >= greedy:
-        return None
-    return budget.fair_share(room, session.peak_held_at(at), [(o.held, o.wanted) for o in others.listed()])
+    return max(session.peak_held_at(at), room - others.kept(room // (others.number + 1)))
 
 
 def curve_for(session: SessionRecord, noise: float = NOISE, kills: bool = False):

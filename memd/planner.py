@@ -267,7 +267,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     session.plan = decision.plan
     session.state = decision.state
     session.at_ceiling = decision.at_ceiling
-    # Unknown while its GPU is: the job's peaks are not measured meanwhile (ops._measure_peak),
+    # Unknown while its GPU is: the job's peaks are not measured meanwhile (memd.ops.watch.measure_peak),
     # as host RSS would teach a GPU job's curve the wrong memory.
     session.pool = session.pool if gpu_gone else None if gpu_unknown else pool.name
     if session.pool_key is None and pool.name != budget.HOST and not gpu_gone:

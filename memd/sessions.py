@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from memd.client.plan import Plan
-from memd.policy.controller import ControlState, Limits
+from memd.policy.controller import ControlState, Decision, Limits
 from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
@@ -112,7 +112,7 @@ class SessionRecord:
     # OOMs since its last completed step: 0 again once it steps on the plan memd gave after them
     # (the OOM alert's "handled"; docs/deploy.md#memdtrainingoom)
     ooms_unrecovered: int = 0
-    decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
+    decided: Optional[Tuple[tuple, Decision]] = None  # (inputs, Decision) memo of memd.ops.memo.decide
     remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
     observed: int = 0  # observations ever added (observe), however many the history still holds
     observed_at: List[int] = field(default_factory=list)  # each kept observation's number (observe)

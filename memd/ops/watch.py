@@ -9,7 +9,7 @@ from memd.core import Core
 from memd.policy.budget import HOST, job_pids
 from memd.sampling import cgroup as cgroups
 from memd.sampling import procs
-from memd.sampling.snapshot import Cgroup
+from memd.sampling.snapshot import Cgroup, gpu_bytes
 from memd.sessions import Peer, SessionRecord
 
 
@@ -58,7 +58,7 @@ def measure_peak(core: Core, session: SessionRecord) -> Optional[int]:
     """The job's peak since its last report, measured here: on a GPU pool what NVML attributes
     to the job's processes on that GPU (it includes what PyTorch's allocator keeps reserved);
     on the host pool the trainer's peak RSS. None when unknown: a guess from another pool, or
-    a partial sum, would teach the curve a wrong point."""
+    a partial sum (snapshot.gpu_bytes), would teach the curve a wrong point."""
     if not session.local or session.pool is None:  # not this host's process, or its GPU is unknown
         return None
     if session.pool != HOST:
@@ -66,10 +66,7 @@ def measure_peak(core: Core, session: SessionRecord) -> Optional[int]:
         gpu = next((g for g in snapshot.gpus if g.uuid == session.pool), None) if snapshot else None
         if job is None or gpu is None:
             return None
-        pids = set(job_pids(job))
-        used = [p.used_bytes for p in gpu.processes if p.pid in pids]
-        known = [u for u in used if u is not None]
-        return sum(known) if known and len(known) == len(used) else None
+        return gpu_bytes(gpu.processes, set(job_pids(job)))
     peak = procs.read_peak_rss(session.pid, core.proc_root)
     procs.reset_peak_rss(session.pid, core.proc_root)
     return peak

@@ -8,7 +8,7 @@ the whole path under load in bench/load.py). N local sessions on a synthetic 512
 reporting once per round at the batch it was planned, its peak on its line (1 GB + 10 MB a
 sample); a new sample of the machine every two rounds, as a daemon sampling 5 times a second
 sees jobs that report 10 times a second. Two ways in the same run: as the daemon runs (a step
-that went as planned is learned from at the next sample: ops._as_planned), and with every report
+that went as planned is learned from at the next sample: memd.ops.session_ops.as_planned), and with every report
 decided at once (the daemon before). Prints the median CPU microseconds per report of
 ``--repeats`` runs and the ratio.
 """
@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]
 
 from memd import ops  # noqa: E402
+from memd.ops import session_ops  # noqa: E402
 from memd.config import Config  # noqa: E402
 from memd.core import Core  # noqa: E402
 from memd.sampling.snapshot import CPU, JobMemory, ProcessMemory, Snapshot, SystemMemory  # noqa: E402
@@ -64,7 +65,7 @@ def cost(sessions: int, rounds: int, decide_all: bool) -> float:
         if k % 2:
             core.snapshot = dataclasses.replace(core.snapshot, monotonic=now[0])
 
-    with mock.patch.object(ops, "_as_planned", lambda *a: False) if decide_all else contextlib.nullcontext():
+    with mock.patch.object(session_ops, "as_planned", lambda *a: False) if decide_all else contextlib.nullcontext():
         for k in range(3):
             one_round(k)
         started = time.process_time()

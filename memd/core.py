@@ -39,7 +39,7 @@ class Core:
     requests: Counter = field(default_factory=collections.Counter)  # (op, outcome) -> count
     latency: "Histogram" = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     sessions_expired: int = 0
-    epoch: int = 0  # bumped by the server thread whenever a session changes (see ops._decide)
+    epoch: int = 0  # bumped by the server thread whenever a session changes (see memd.ops.memo.decide)
     ooms_reported: int = 0
     log_throttle: Throttle = field(default_factory=Throttle)  # what a client's request may make the daemon log
     session_log: Budget = field(default_factory=Budget)  # session_opened / session_closed lines

@@ -190,9 +190,10 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
     forty after the sampler's median), and a real drop shows in two reads in a row."""
     if pool.name != budget.HOST or pool.own_bytes is None or job is None:
         return pool
-    if not session.rooms or session.rooms[-1][0] != job.monotonic:
-        session.rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes))
-    room = max(r for _, capacity, r in session.rooms if capacity == pool.capacity_bytes)  # one pool's reads only
+    rooms = session.planner.rooms
+    if not rooms or rooms[-1][0] != job.monotonic:
+        rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes))
+    room = max(r for _, capacity, r in rooms if capacity == pool.capacity_bytes)  # one pool's reads only
     return replace(pool, free_bytes=max(0, room - pool.own_bytes))
 
 
@@ -271,7 +272,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     session.plan = decision.plan
     session.state = decision.state
     session.at_ceiling = decision.at_ceiling
-    # Unknown while its GPU is: the job's peaks are not measured meanwhile (ops._measure_peak),
+    # Unknown while its GPU is: the job's peaks are not measured meanwhile (memd.ops.watch.measure_peak),
     # as host RSS would teach a GPU job's curve the wrong memory.
     was = session.pool
     session.pool = session.pool if gpu_gone else None if gpu_unknown else pool.name
@@ -298,40 +299,41 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
     (``growth``, GROWTH_AHEAD at their rate) is held back from the batch's budget in a shared
     pool: a job with four growing workers was planned a batch that fit at the time, and the
     workers' growth killed it 8 steps later."""
+    memo = session.planner
     cpus: Optional[float]
     if job is not None and job.cpus:
         cpus = job.cpus / (session.local_world_size or 1)  # the node's ranks share its CPUs
     else:
         cpus = session.cpus  # the client's own count, already shared among the node's ranks
     uss = tuple(b for b in job.worker_bytes if b > 0) if job is not None else ()
-    if job is not None and job.monotonic != session.workers_read:
-        session.workers_read = job.monotonic
+    if job is not None and job.monotonic != memo.workers_read:
+        memo.workers_read = job.monotonic
         # A worker can come to own at most its anonymous pages by copying them (its libraries'
         # pages stay shared); RSS where they are unknown.
         now = {p.pid: p for p in job.processes if p.pid != job.pid}
-        for pid in list(session.worker_reads):
+        for pid in list(memo.worker_reads):
             if pid not in now:  # gone: a rebuilt loader forks new ones, which copy the same again
-                del session.worker_reads[pid]
-                session.worker_inherited = max(session.worker_inherited, session.worker_projected.pop(pid, 0))
+                del memo.worker_reads[pid]
+                memo.worker_inherited = max(memo.worker_inherited, memo.worker_projected.pop(pid, 0))
         ahead = projected = 0
         levelled = False
         for pid, proc in list(now.items())[:MAX_WORKERS]:
             rss = proc.rss_bytes or 0
             held = proc.uss_bytes if proc.uss_bytes is not None else rss
-            reads = session.worker_reads.setdefault(pid, collections.deque(maxlen=WORKER_READS))
+            reads = memo.worker_reads.setdefault(pid, collections.deque(maxlen=WORKER_READS))
             reads.append((job.monotonic, proc.cpu_seconds, held))
             course = growth(reads, proc.anon_bytes if proc.anon_bytes is not None else rss,
                             cfg.worker_horizon_seconds)
-            session.worker_projected[pid] = course.projected
-            session.worker_reached = max(session.worker_reached, held)
+            memo.worker_projected[pid] = course.projected
+            memo.worker_reached = max(memo.worker_reached, held)
             projected, levelled = max(projected, course.projected), levelled or course.levelled
             ahead += int(min(course.rate * GROWTH_AHEAD, course.projected - held))
         if levelled:
-            session.worker_inherited = 0
-        session.worker_cost = max(session.worker_reached, projected, session.worker_inherited)
-        session.worker_growth = ahead
-    return WorkerFacts(cpus=cpus, uss=uss, cost=session.worker_cost or None, batch_bytes=session.batch_bytes,
-                       growth=session.worker_growth if job is not None else 0, follows=session.follows_workers)
+            memo.worker_inherited = 0
+        memo.worker_cost = max(memo.worker_reached, projected, memo.worker_inherited)
+        memo.worker_growth = ahead
+    return WorkerFacts(cpus=cpus, uss=uss, cost=memo.worker_cost or None, batch_bytes=session.batch_bytes,
+                       growth=memo.worker_growth if job is not None else 0, follows=session.follows_workers)
 
 
 def _settling(session: SessionRecord) -> bool:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from memd.client.plan import Plan
-from memd.policy.controller import ControlState, Limits
+from memd.planner_memo import PlannerMemo
+from memd.policy.controller import ControlState, Decision, Limits
 from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
@@ -94,25 +95,15 @@ class SessionRecord:
     # Its loader follows the plan's workers (a report said which it ran, as MemdLoader's do): the
     # batch goes beside the workers the plan keeps, not beside old ones about to be shut down.
     follows_workers: bool = False
-    # The workers' course (planner.worker_facts): each live one's latest job reads (time, CPU
-    # seconds, USS) and projection; the most one reached this run; what the workers of a rebuilt
-    # loader were on their way to, until a live one levels off; one worker's cost from these.
-    worker_reads: Dict[int, Deque[Tuple[float, Optional[float], int]]] = field(default_factory=dict)
-    worker_projected: Dict[int, int] = field(default_factory=dict)
-    worker_reached: int = 0
-    worker_inherited: int = 0
-    worker_cost: int = 0
-    worker_growth: int = 0  # what the live workers are projected to add (planner.worker_facts)
-    workers_read: Optional[float] = None  # the job read they were last updated from
-    # (job read's monotonic time, capacity, free + held) of the last two reads of a host pool
-    # (planner.steadied)
-    rooms: Deque[Tuple[float, int, int]] = field(default_factory=lambda: collections.deque(maxlen=2))
+    # The planner's own scratch between decisions (its workers' course, the pool's last reads):
+    # not the session's state, and nothing but memd.planner reads it
+    planner: PlannerMemo = field(default_factory=PlannerMemo)
     reports: int = 0
     ooms: int = 0
     # OOMs since its last completed step: 0 again once it steps on the plan memd gave after them
     # (the OOM alert's "handled"; docs/deploy.md#memdtrainingoom)
     ooms_unrecovered: int = 0
-    decided: Optional[Tuple[tuple, object]] = None  # (inputs, Decision) memo of ops._decide
+    decided: Optional[Tuple[tuple, Decision]] = None  # (inputs, Decision) memo of memd.ops.memo.decide
     remembered_mark: Optional[Tuple[int, int]] = None  # (reports, ooms) when last written to the state
     observed: int = 0  # observations ever added (observe), however many the history still holds
     observed_at: List[int] = field(default_factory=list)  # each kept observation's number (observe)

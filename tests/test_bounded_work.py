@@ -102,13 +102,13 @@ def test_stale_state_temp_files_are_removed_at_start(start_memd, tmp_path):
 def test_status_shows_a_prediction_past_64_bits_as_the_largest_it_can_carry():
     """A session held at 2**31-1 (its GPU not known) whose reports made 2**40 bytes a sample was
     predicted 2**71 bytes there: status could not be encoded (bench/fuzz.py --fake-gpus)."""
-    from memd import ops
     from memd.client import protocol
+    from memd.ops import daemon_ops
     from memd.policy.controller import Limits
     from memd.sessions import SessionRecord
 
     session = SessionRecord(token="t", sid=1, job="j", pid=1, host="elsewhere", local=False, start_time=None,
                       limits=Limits(), created=0.0, last_seen=0.0, predicted_peak_bytes=2.0 ** 71)
-    view = ops._session_view(session)
+    view = daemon_ops.session_view(session)
     assert view["predicted_peak_bytes"] == 2 ** 63 - 1
     protocol.encode(view)

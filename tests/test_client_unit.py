@@ -8,7 +8,7 @@ import pytest
 
 from memd import client
 from memd.client import identity, suggest
-from memd.client.plan import Plan, fallback_plan, split_batch
+from memd.client.plan import Plan, fallback_plan, make_plan, split_batch
 from realdaemon import memd_env
 
 
@@ -157,6 +157,19 @@ def test_fallback_plan_prefers_the_callers_defaults():
     assert (plan.num_workers, plan.prefetch_factor, plan.source) == (4, 3, "fallback")
     no_workers = fallback_plan(default_batch=8, hints={"num_workers": 0, "prefetch_factor": 3})
     assert no_workers.prefetch_factor is None  # DataLoader refuses a prefetch_factor without workers
+
+
+def test_one_constructor_sets_a_plans_derived_fields_on_both_ends():
+    """make_plan is the daemon's (controller.decide) and the fallback's way to a Plan."""
+    plan = make_plan(6, 3, 0, 2, reason="r", source="daemon", pressure="high", throttle=True, fresh_for=0.25)
+    assert (plan.effective_batch_size, plan.prefetch_factor, plan.throttle, plan.fresh_for) == (18, None, True, 0.25)
+    assert make_plan(6, 1, 2, 4, reason="r", source="fallback").prefetch_factor == 4
+    from memd.config import Config
+    from memd.policy.controller import ControlState, Limits, decide
+    decided = decide(None, None, Limits(default_batch=12, target=24, num_workers=0, prefetch_factor=3),
+                     ControlState(), "ok", Config().policy).plan
+    assert (decided.batch_size, decided.grad_accum_steps, decided.effective_batch_size) == (12, 2, 24)
+    assert decided.prefetch_factor is None and decided.source == "daemon"
 
 
 def test_plan_from_wire_rejects_garbage():

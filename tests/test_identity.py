@@ -146,7 +146,7 @@ def test_a_gpu_job_whose_gpu_is_not_known_yet_is_not_planned_from_host_ram():
     job = JobMemory(PID, (ProcessMemory(PID, 1, "python", GB, GB, GB),), None, (), 0.0)
     plan = plan_session(s, mixed, "ok", [s], {PID: job}, CFG).plan
     assert plan.batch_size == 8 and "which GPU this job runs on is not known yet" in plan.reason, plan
-    assert s.pool is None  # so its peaks are not measured from host RAM meanwhile (ops._measure_peak)
+    assert s.pool is None  # so its peaks are not measured from host RAM meanwhile (ops.watch.measure_peak)
 
 
 def test_runs_of_another_configuration_are_learned_apart():

@@ -11,6 +11,7 @@ from memd.client import protocol
 from memd.client.identity import process_identity
 from memd.config import Config
 from memd.core import Core
+from memd.ops import watch
 from memd.sampling import procs
 from memd.sampling.snapshot import CPU, Snapshot, SystemMemory
 from memd.sessions import Sessions
@@ -46,17 +47,17 @@ def test_the_fixture_reads_as_the_daemon_reads_proc(tmp_path):
 def test_a_pid_is_local_only_when_what_the_client_sends_matches(tmp_path):
     root, ns = fixture_proc(tmp_path)
     core = SimpleNamespace(host="here", proc_root=root)
-    assert ops._local(core, "here", PID, None, None) == (True, None)  # an older client: as before
-    assert ops._local(core, "here", PID, ns, START) == (True, None)
-    assert ops._local(core, "here", PID, ns, None) == (True, None)
-    assert ops._local(core, "here", PID, None, START) == (True, None)
-    assert ops._local(core, "there", PID, ns + 1, START + 1) == (False, None)  # another host: nothing to say
-    assert ops._local(core, "here", PID + 1, None, None) == (False, None)  # no such process here
-    local, why = ops._local(core, "here", PID, ns + 1, START)
+    assert watch.watchable(core, "here", PID, None, None) == (True, None)  # an older client: as before
+    assert watch.watchable(core, "here", PID, ns, START) == (True, None)
+    assert watch.watchable(core, "here", PID, ns, None) == (True, None)
+    assert watch.watchable(core, "here", PID, None, START) == (True, None)
+    assert watch.watchable(core, "there", PID, ns + 1, START + 1) == (False, None)  # another host: nothing to say
+    assert watch.watchable(core, "here", PID + 1, None, None) == (False, None)  # no such process here
+    local, why = watch.watchable(core, "here", PID, ns + 1, START)
     assert not local and why == "pid %d here is another process (this job is in another pid namespace)" % PID
-    local, why = ops._local(core, "here", PID + 1, ns + 1, None)
+    local, why = watch.watchable(core, "here", PID + 1, ns + 1, None)
     assert not local and why == "this job is in another pid namespace"
-    local, why = ops._local(core, "here", PID, ns, START + 1)
+    local, why = watch.watchable(core, "here", PID, ns, START + 1)
     assert not local and why == "pid %d here is another process (it started at another time than this job)" % PID
 
 
@@ -65,9 +66,9 @@ def test_a_namespace_the_daemon_cannot_check_is_not_trusted(tmp_path):
     does not measure it (the start time alone would let a pid 1 started at the same tick pass)."""
     root, _ = fixture_proc(tmp_path, own_ns=False)
     core = SimpleNamespace(host="here", proc_root=root)
-    local, why = ops._local(core, "here", PID, 12345, START)
+    local, why = watch.watchable(core, "here", PID, 12345, START)
     assert not local and "cannot read its own pid namespace" in why
-    assert ops._local(core, "here", PID, None, START) == (True, None)  # no namespace claimed: nothing to check
+    assert watch.watchable(core, "here", PID, None, START) == (True, None)  # no namespace claimed: nothing to check
 
 
 def host_core(tmp_path):

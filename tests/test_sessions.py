@@ -7,6 +7,7 @@ import pytest
 from memd import ops
 from memd.config import Config
 from memd.core import Core
+from memd.ops import memo
 from memd.sampling.snapshot import CPU, JobMemory, ProcessMemory, Snapshot, SystemMemory
 from memd.sessions import Sessions, TooManySessions
 from memd.state import StateStore
@@ -169,7 +170,7 @@ def test_sessions_memd_cannot_watch_take_a_quarter_of_the_slots_and_are_never_re
 def test_a_step_that_went_as_planned_is_decided_on_at_the_next_sample(tmp_path, monkeypatch):
     """A report at the planned batch whose peak is within the predicted one, on the sample the
     plan was decided on, is kept and learned from at the next decision; one over the prediction,
-    or at another batch, is decided on at once (ops._as_planned: half the decisions of a job
+    or at another batch, is decided on at once (memd.ops.session_ops.as_planned: half the decisions of a job
     that reports 10 times a second)."""
     core, clock = core_for(tmp_path)
     token = ops.hello(core, hello())["token"]
@@ -178,8 +179,8 @@ def test_a_step_that_went_as_planned_is_decided_on_at_the_next_sample(tmp_path, 
     plan = ops.plan(core, {"token": token})["plan"]
     session = core.sessions.get(token)
     decided = []
-    real = ops.plan_session
-    monkeypatch.setattr(ops, "plan_session", lambda *a: decided.append(1) or real(*a))
+    real = memo.plan_session
+    monkeypatch.setattr(memo, "plan_session", lambda *a: decided.append(1) or real(*a))
     batch, within = plan["batch_size"], int(session.predicted_peak_bytes)
     assert ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": within})["plan"] == plan
     assert decided == [] and session.observations[-1].peak_bytes == within  # kept, not decided on

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Tuple
 
 from memd.config import PolicyConfig
-from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, JobMemory, Snapshot
+from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, JobMemory, Snapshot, gpu_bytes
 
 HOST = "host"
 
@@ -120,14 +120,13 @@ def find_gpu(gpus: Sequence[Gpu], device_uuid: Optional[str] = None, device: Opt
 
 
 def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[Pool]:
+    """The job's GPU as a pool. What the job holds there is its processes' use (snapshot.gpu_bytes):
+    unknown when any of them does not say, so the job is taken to hold its reported peak (Pool.budget);
+    the known part alone counted the rest of its own memory as another's."""
     if gpu.total_bytes is None or gpu.used_bytes is None or not gpu.healthy or gpu.uuid is None:
         return None  # a healthy GPU has its uuid: NVML gave it before its memory
     free = gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes - gpu.used_bytes
-    own = None
-    if job is not None:
-        pids = set(job_pids(job))
-        known = [p.used_bytes for p in gpu.processes if p.pid in pids and p.used_bytes is not None]
-        own = sum(known) if known else None
+    own = gpu_bytes(gpu.processes, set(job_pids(job))) if job is not None else None
     return Pool(gpu.uuid, DISCRETE, gpu.total_bytes, max(0, free), own, margin(gpu.total_bytes, cfg))
 
 

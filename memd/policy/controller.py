@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from memd.client.plan import Plan, split_batch
+from memd.client.plan import Plan, make_plan, split_batch
 from memd.config import PolicyConfig
 from memd.units import GiB  # human output is in GiB
 
@@ -156,18 +156,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
                                                   host_free_bytes, cfg, kept)
     if worker_note:
         reason += "; " + worker_note
-    plan = Plan(
-        batch_size=batch,
-        grad_accum_steps=steps,
-        effective_batch_size=batch * steps,
-        num_workers=num_workers,
-        prefetch_factor=prefetch if num_workers > 0 else None,
-        throttle=level == "critical",
-        pressure=level,
-        reason=reason,
-        source="daemon",
-        fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4,
-    )
+    plan = make_plan(batch, steps, num_workers, prefetch, reason=reason, source="daemon", pressure=level,
+                     throttle=level == "critical",
+                     fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4)
     predicted = curve.peak(batch) if curve is not None else None
     new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap)
     return Decision(plan, new_state, budget, predicted, at_ceiling)

@@ -10,7 +10,7 @@ import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import cgroup, platform, procs, system
-from .snapshot import Gpu, JobMemory, Snapshot, SystemMemory
+from .snapshot import Gpu, GpuProcess, JobMemory, Snapshot, SystemMemory, gpu_bytes
 
 Errors = List[Tuple[str, str]]
 PAIR_READS, PAIR_GAP = 3, 0.01  # (cgroup usage, trainer RSS) pairs per job read, seconds apart
@@ -130,18 +130,13 @@ class Sampler:
 
 
 def gpu_bytes_by_pid(gpus: Sequence[Gpu]) -> Dict[int, Optional[int]]:
-    """pid -> GPU memory summed over devices; None when any of its devices does not say (the
-    sum of the others would pass for the total). A pid on no GPU is absent."""
-    found: Dict[int, Optional[int]] = {}
-    unknown = set()
+    """pid -> GPU memory over all devices (snapshot.gpu_bytes: None when any of its devices does
+    not say). A pid on no GPU is absent."""
+    found: Dict[int, List[GpuProcess]] = {}
     for gpu in gpus:
         for proc in gpu.processes:
-            if proc.used_bytes is None:
-                unknown.add(proc.pid)
-            found[proc.pid] = (found.get(proc.pid) or 0) + (proc.used_bytes or 0)
-    for pid in unknown:
-        found[pid] = None
-    return found
+            found.setdefault(proc.pid, []).append(proc)
+    return {pid: gpu_bytes(procs) for pid, procs in found.items()}
 
 
 def _guard(errors: Errors, source: str, read, *args):

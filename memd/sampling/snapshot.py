@@ -6,7 +6,7 @@ never a string. Everything downstream (policy, metrics, the CLI) reads only thes
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Container, Dict, Iterable, List, Optional, Tuple
 
 DISCRETE = "discrete"
 UNIFIED = "unified"
@@ -72,6 +72,22 @@ class Gpu:
     mig_parent_uuid: Optional[str] = None  # set on a MIG instance: the physical GPU's uuid
     pci_bus_id: Optional[str] = None  # NVML's busId ("00000000:3F:00.0"); None on a MIG instance
     gpu_instance_id: Optional[int] = None  # a MIG instance's GPU instance id (dcgm's GPU_I_ID)
+
+
+def gpu_bytes(processes: Iterable[GpuProcess], pids: Optional[Container[int]] = None) -> Optional[int]:
+    """The GPU memory ``processes`` use (only those of ``pids``, when given): the one rule for
+    adding it up, over a job's processes on one GPU or one process's over GPUs. None when none
+    is there (NVML lists no process of a container's pid namespace) or any of them does not
+    say: the sum of the others would pass for the whole, and teach a curve a wrong point."""
+    total, found = 0, False
+    for proc in processes:
+        if pids is not None and proc.pid not in pids:
+            continue
+        if proc.used_bytes is None:
+            return None
+        total += proc.used_bytes
+        found = True
+    return total if found else None
 
 
 @dataclass(frozen=True)

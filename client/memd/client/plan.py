@@ -71,6 +71,24 @@ class Plan:
         )
 
 
+def make_plan(batch: int, steps: int, num_workers: int, prefetch_factor: Optional[int], *, reason: str,
+              source: str, pressure: str = "ok", throttle: bool = False, fresh_for: float = 1.0) -> Plan:
+    """A plan of ``batch`` x ``steps`` (split_batch's) and its workers: the one place, on either
+    end, its derived fields are set (the effective batch; no prefetch factor without workers)."""
+    return Plan(
+        batch_size=batch,
+        grad_accum_steps=steps,
+        effective_batch_size=batch * steps,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor if num_workers > 0 else None,
+        throttle=throttle,
+        pressure=pressure,
+        reason=reason,
+        source=source,
+        fresh_for=fresh_for,
+    )
+
+
 def split_batch(limit: int, target: Optional[int], min_batch: int = 1) -> Tuple[int, int, str]:
     """Pick (batch_size, grad_accum_steps, note) for a largest usable batch ``limit``.
 
@@ -145,18 +163,8 @@ def fallback_plan(
     if max_batch:
         limit = min(limit, max_batch)
     batch, steps, note = split_batch(limit, target_effective_batch, min_batch)
-    return Plan(
-        batch_size=batch,
-        grad_accum_steps=steps,
-        effective_batch_size=batch * steps,
-        num_workers=workers,
-        prefetch_factor=prefetch if workers > 0 else None,
-        throttle=False,
-        pressure=base.pressure if base is not None else "ok",
-        reason=reason + ("; " + note if note else ""),
-        source="fallback",
-        fresh_for=1.0,
-    )
+    return make_plan(batch, steps, workers, prefetch, reason=reason + ("; " + note if note else ""), source="fallback",
+                     pressure=base.pressure if base is not None else "ok")
 
 
 @functools.lru_cache(maxsize=1024)

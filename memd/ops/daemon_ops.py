@@ -1,0 +1,95 @@
+"""The ops that need no session: the daemon's view (status, ping) and what it remembers for the
+jobs' next runs (curves, forget)."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from memd import curves as learned
+from memd.core import VERSION, Core
+from memd.ops.fields import Invalid, text
+from memd.sampling.snapshot import as_json
+from memd.sessions import SessionRecord
+from memd.state import MAX_KEY_CHARS
+
+Result = Dict[str, Any]
+
+
+def status(core: Core, req: Dict[str, Any]) -> Result:
+    """The daemon's view of the machine and its sessions (no tokens).
+
+    Request: nothing. Reply: version, host, uptime_seconds, pressure_level, snapshot (the
+    `memd sample --json` fields), sessions: [{job, pid, host, rank, pool, reports, ooms,
+    latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, ceiling, plan, pool_key (what
+    its curve is remembered under; null while its GPU cannot be told), unwatched (why a job on
+    this host is not measured here, or null), pod_uid, slurm_job_id (the Kubernetes pod and
+    Slurm job it runs in, or null), attributed_by ("cgroup" or "environ": read by the daemon
+    from the job's process; "client": as its hello said; null)}].
+    """
+    snapshot = core.snapshot
+    return {
+        "version": VERSION,
+        "host": core.host,
+        "uptime_seconds": round(core.uptime(), 3),
+        "pressure_level": core.pressure.level,
+        "snapshot": as_json(snapshot) if snapshot is not None else None,
+        "sessions": [session_view(s) for s in core.sessions],
+    }
+
+
+def ping(core: Core, req: Dict[str, Any]) -> Result:
+    """Liveness. Request: nothing. Reply: pong (true), version, uptime_seconds."""
+    return {"pong": True, "version": VERSION, "uptime_seconds": round(core.uptime(), 3)}
+
+
+def curves(core: Core, req: Dict[str, Any]) -> Result:
+    """What the daemon remembers for the jobs' next runs (`memd curves`), one page at a time.
+
+    Request: optional after ([job, pool], the previous page's next). Reply: curves ([{job, pool,
+    points: [[batch, peak_bytes], ...] (oldest first), ceiling (int or null), updated (unix
+    seconds)}], by job then pool), total (entries remembered), next ([job, pool] to ask for the
+    next page with, or null on the last). A reply stays within MAX_MESSAGE_BYTES (memd.curves).
+    """
+    after = req.get("after")
+    if after is not None and not (isinstance(after, list) and len(after) == 2 and all(
+            isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
+        raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)"
+                      % MAX_KEY_CHARS)
+    return learned.page(core.store.keys(), core.store.recall, after)
+
+
+def forget(core: Core, req: Dict[str, Any]) -> Result:
+    """Forget what was learned for a job, in every pool or one (`memd forget`); written to the
+    state file at once. Whoever may connect may call it: they could as well teach the job's
+    curve anything with hello and report (docs/protocol.md, "Who may forget").
+
+    Request: job (str of 1 to 128 characters), optional pool (a pool key as `curves` shows it).
+    Reply: forgotten (curves dropped), sessions (live sessions of the job, in that pool, whose
+    learning until now will not be remembered; their plans are unchanged), saved (false: the
+    state file could not be written, the daemon logged why and retries at its next flush).
+    """
+    job = text(req, "job", required=True, limit=128)
+    pool = text(req, "pool", limit=MAX_KEY_CHARS)
+    if not job:
+        raise Invalid("job must not be empty")
+    if pool == "":
+        raise Invalid("pool must not be empty (leave it out to forget every pool)")
+    dropped = core.store.forget(job, pool)
+    sessions = [s for s in core.sessions if s.job == job and (pool is None or s.pool_key == pool)]
+    for session in sessions:
+        session.forget_learned()
+    return {"forgotten": len(dropped), "sessions": len(sessions), "saved": core.store.flush()}
+
+
+def session_view(s: SessionRecord) -> Result:
+    """One session as `status` shows it."""
+    return {
+        "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool, "pool_key": s.pool_key,
+        "reports": s.reports, "ooms": s.ooms, "latest_batch": s.latest_batch,
+        "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes,
+        # A plan held far past its curve (its GPU not known) predicted 2**71: more than msgpack carries
+        "predicted_peak_bytes": (min(int(s.predicted_peak_bytes), 2 ** 63 - 1)
+                                 if s.predicted_peak_bytes is not None else None),
+        "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
+        "unwatched": s.unwatched, "pod_uid": s.pod_uid, "slurm_job_id": s.slurm_job_id,
+        "attributed_by": s.attributed_by,
+    }

@@ -433,3 +433,31 @@ def test_more_trainable_parameters_than_the_model_has_is_an_error():
     assert llm(8e9, trainable_params=20e6).params == 8e9
     out = run_memd(["estimate", "llm", "--lora-params", "9B", "--params", "8B"])
     assert out.returncode == 2 and "cannot exceed" in out.stderr
+
+
+def test_estimate_meets_the_goal_on_the_recorded_runs():
+    """The estimate as it is now, against the peaks bench/estimate_real.py measured (its JSON in
+    docs/results/estimate/): over rows it never tuned on, median |error| <= 10 %, max <= 25 %,
+    not more than 10 % low in the median. A change to the estimate that breaks this fails here."""
+    transformers = pytest.importorskip("transformers")
+    import os
+    import statistics
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results", "estimate",
+                        "estimate_real.json")
+    with open(path) as f:
+        rows = json.load(f)["rows"]
+    classes = {"gpt2": transformers.GPT2Config, "llama": transformers.LlamaConfig, "bert": transformers.BertConfig,
+               "vit": transformers.ViTConfig}
+    errors = {"tune": [], "held": []}
+    for row in rows:
+        config = dict(row["config"], model_type="nanogpt") if row["family"] == "nanogpt" else json.loads(
+            classes[row["family"]](**row["config"]).to_json_string())
+        arch = archs.from_config(config)
+        assert archs.params(arch) == row["params"], row["id"]
+        e = est.training_peak(arch, row["seq"], row["batch"], row["precision"], row["optimizer"], device="cpu")
+        errors[row["split"]].append(e.peak_bytes / row["measured_bytes"] - 1)
+    held = errors["held"]
+    assert len(held) >= 12 and len(errors["tune"]) >= 1
+    assert statistics.median(abs(x) for x in held) <= 0.10 and max(abs(x) for x in held) <= 0.25
+    assert statistics.median(held) >= -0.10

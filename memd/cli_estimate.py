@@ -91,6 +91,8 @@ def add_parser(subparsers) -> None:
                    help="a Hugging Face config.json (gpt2, llama, mistral, bert, vit) or nanoGPT's GPTConfig keys: "
                         "fills the architecture; flags given beside it override it")
     _arch_args(p, required=False)
+    p.add_argument("--intermediate", type=int, help="MLP width (default: the config's, or 4 x --d-model)")
+    p.add_argument("--kv-heads", type=int, help="key/value heads of a Llama-style model (default: the config's)")
     p.add_argument("--batch", type=int, required=True, help="batch size")
     p.add_argument("--precision", default="fp32", help="fp32, mixed (bf16 autocast), bf16 or fp16")
     p.add_argument("--optimizer", default="adamw", help=", ".join(est.OPTIMIZER_STATES))
@@ -234,7 +236,7 @@ def _device(arg: str) -> Tuple[str, str]:
 
 def _architecture(args: argparse.Namespace) -> archs.Arch:
     flags = dict(layers=args.layers, hidden=args.d_model, heads=args.heads, vocab=args.vocab,
-                 positions=args.positions)
+                 positions=args.positions, intermediate=args.intermediate, kv_heads=args.kv_heads)
     if args.model_config:
         try:
             with open(args.model_config) as f:
@@ -250,7 +252,7 @@ def _architecture(args: argparse.Namespace) -> archs.Arch:
                (args.seq_len if key == "seq" else flags[key]) is None]
     if missing:
         raise est.EstimateError("give --model-config CONFIG_JSON or %s" % ", ".join(missing))
-    flags["positions"] = args.positions or args.seq_len
+    flags.update(positions=args.positions or args.seq_len, intermediate=args.intermediate or 0, kv_heads=0)
     return archs.check(archs.Arch("nanogpt", tied=not args.untied, **flags))
 
 

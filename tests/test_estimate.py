@@ -366,6 +366,10 @@ def test_cli_model_config_fills_the_architecture(tmp_path):
     deeper = _json(["transformer", "--model-config", str(path), "--layers", "8", "--seq-len", "256", "--batch", "4",
                     "--device", "cpu"])  # a flag beside the file overrides it
     assert deeper["architecture"]["layers"] == 8 and deeper["params"] > data["params"]
+    full_kv = _json(["transformer", "--model-config", str(path), "--kv-heads", "8", "--intermediate", "2048",
+                     "--seq-len", "256", "--batch", "4", "--device", "cpu"])
+    wider = archs.with_overrides(archs.from_config(config), kv_heads=8, intermediate=2048)
+    assert full_kv["params"] == archs.params(wider) == data["params"] + 4 * (2 * 512 * 256 + 3 * 512 * (2048 - 1376))
 
 
 @pytest.mark.parametrize("config, says", [

@@ -69,6 +69,9 @@ def check(arch: Arch) -> Arch:
     for name in ("layers", "hidden", "heads"):
         if getattr(arch, name) <= 0:
             raise ArchError("%s must be positive: %r" % (name, getattr(arch, name)))
+    for name in ("intermediate", "kv_heads", "positions", "head_dim"):
+        if getattr(arch, name) < 0:
+            raise ArchError("%s must not be negative: %r" % (name, getattr(arch, name)))
     if arch.family == "vit":
         if arch.image_size <= 0 or arch.patch_size <= 0 or arch.image_size < arch.patch_size:
             raise ArchError("image_size and patch_size must be positive, the patch no larger than the image")

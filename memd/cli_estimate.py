@@ -10,10 +10,11 @@ import json
 import re
 import sys
 from dataclasses import asdict
-from typing import Optional
+from typing import Optional, Tuple
 
+from memd.policy import archs
 from memd.policy import estimate as est
-from memd.units import GB
+from memd.units import GB, GiB
 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
@@ -84,13 +85,20 @@ def add_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_llm)
 
-    p = sub.add_parser("transformer", help="GPT-style parameters and peak training memory")
-    _arch_args(p, required=True)
+    p = sub.add_parser("transformer", help="transformer parameters and peak training memory (GPT-2, Llama, BERT, "
+                                           "ViT, nanoGPT)")
+    p.add_argument("--model-config", metavar="CONFIG_JSON",
+                   help="a Hugging Face config.json (gpt2, llama, mistral, bert, vit) or nanoGPT's GPTConfig keys: "
+                        "fills the architecture; flags given beside it override it")
+    _arch_args(p, required=False)
+    p.add_argument("--intermediate", type=int, help="MLP width (default: the config's, or 4 x --d-model)")
+    p.add_argument("--kv-heads", type=int, help="key/value heads of a Llama-style model (default: the config's)")
     p.add_argument("--batch", type=int, required=True, help="batch size")
     p.add_argument("--precision", default="fp32", help="fp32, mixed (bf16 autocast), bf16 or fp16")
     p.add_argument("--optimizer", default="adamw", help=", ".join(est.OPTIMIZER_STATES))
     p.add_argument("--untied", action="store_true", help="an lm_head not tied to the token embedding")
-    p.add_argument("--device", default="cuda", help="cuda (foreach optimizer) or cpu (per-tensor optimizer)")
+    p.add_argument("--device", default="auto",
+                   help="where the job runs: cuda or cpu (default: cuda if NVML sees a GPU here, else cpu)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_transformer)
 
@@ -101,9 +109,10 @@ def _arch_args(p: argparse.ArgumentParser, required: bool) -> None:
     p.add_argument("--heads", type=int, required=required, help="attention heads")
     p.add_argument("--vocab", type=int, required=required, help="vocabulary size")
     p.add_argument("--positions", type=int, help="position embeddings (default: --seq-len)")
-    p.add_argument("--seq-len", type=int, required=required, help="sequence length")
+    p.add_argument("--seq-len", type=int, required=required, help="sequence length (not for ViT: its patches)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
-    p.add_argument("--attention", default="sdpa", help="sdpa (flash/efficient) or naive (keeps s^2 scores)")
+    p.add_argument("--attention", default="auto",
+                   help="auto (the model's default: sdpa), sdpa, or eager/naive (keeps the s^2 scores)")
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
@@ -212,28 +221,69 @@ def _llm(args: argparse.Namespace) -> int:
     return _emit(args, data, lines, fits=fits)
 
 
-def _transformer(args: argparse.Namespace) -> int:
-    kwargs = dict(layers=args.layers, d_model=args.d_model, heads=args.heads, vocab=args.vocab,
-                  positions=args.positions or args.seq_len, seq_len=args.seq_len, batch=args.batch,
-                  optimizer=args.optimizer, checkpointing=args.checkpointing, attention=args.attention,
-                  tied=not args.untied, device=args.device)
-    shown = ("fp32", "mixed") + (() if args.precision in ("fp32", "mixed") else (args.precision,))
+def _device(arg: str) -> Tuple[str, str]:
+    """The device the job will run on, and why: NVML seeing a GPU means cuda."""
+    if arg != "auto":
+        return arg, ""
+    from memd.sampling.nvml import Nvml
+    nvml = Nvml()
     try:
-        chosen = est.transformer(precision=args.precision, **kwargs)
-        side = {p: est.transformer(precision=p, **kwargs) for p in shown}
-    except est.EstimateError as exc:
+        count = nvml.status().device_count or 0
+    finally:
+        nvml.shutdown()
+    return ("cuda", " (a GPU is visible)") if count else ("cpu", " (no GPU visible)")
+
+
+def _architecture(args: argparse.Namespace) -> archs.Arch:
+    flags = dict(layers=args.layers, hidden=args.d_model, heads=args.heads, vocab=args.vocab,
+                 positions=args.positions, intermediate=args.intermediate, kv_heads=args.kv_heads)
+    if args.model_config:
+        try:
+            with open(args.model_config) as f:
+                config = json.load(f)
+        except OSError as exc:
+            raise est.EstimateError("--model-config %s: %s" % (args.model_config, exc.strerror or exc)) from None
+        except ValueError as exc:
+            raise est.EstimateError("--model-config %s: not JSON (%s)" % (args.model_config, exc)) from None
+        base = archs.from_config(config, args.model_config)
+        return archs.with_overrides(base, tied=False if args.untied else None, **flags)
+    missing = [name for name, key in (("--layers", "layers"), ("--d-model", "hidden"), ("--heads", "heads"),
+                                      ("--vocab", "vocab"), ("--seq-len", "seq")) if
+               (args.seq_len if key == "seq" else flags[key]) is None]
+    if missing:
+        raise est.EstimateError("give --model-config CONFIG_JSON or %s" % ", ".join(missing))
+    flags.update(positions=args.positions or args.seq_len, intermediate=args.intermediate or 0, kv_heads=0)
+    return archs.check(archs.Arch("nanogpt", tied=not args.untied, **flags))
+
+
+def _transformer(args: argparse.Namespace) -> int:
+    try:
+        device, why = _device(args.device)
+        arch = _architecture(args)
+        if arch.family != "vit" and args.seq_len is None:
+            raise est.EstimateError("--seq-len is required for a %s model" % arch.family)
+        kwargs = dict(seq_len=args.seq_len, batch=args.batch, optimizer=args.optimizer,
+                      checkpointing=args.checkpointing, attention=args.attention, device=device)
+        shown = ("fp32", "mixed") + (() if est.precision_name(args.precision) in ("fp32", "mixed")
+                                     else (args.precision,))
+        chosen = est.training_peak(arch, precision=args.precision, **kwargs)
+        side = {p: est.training_peak(arch, precision=p, **kwargs) for p in shown}
+    except (est.EstimateError, archs.ArchError) as exc:
         return _fail(args, exc)
     data = asdict(chosen)
-    data["peak_gb"] = _gb(chosen.peak_bytes)
-    data["by_precision"] = {p: asdict(r) for p, r in side.items()}
-    lines = ["%s parameters (%d layers, d_model %d, %d heads, vocab %d); batch %d x seq %d, %s" % (
-        _human(chosen.params), args.layers, args.d_model, args.heads, args.vocab, args.batch, args.seq_len,
-        args.optimizer), "  %-24s" % "GB" + "".join(" %14s" % p for p in shown)]
+    data.update(peak_gib=round(chosen.peak_bytes / GiB, 6), family=arch.family, architecture=asdict(arch),
+                by_precision={p: asdict(r) for p, r in side.items()})
+    tokens = arch.tokens(args.seq_len or 0)
+    lines = ["%s %s parameters (%d layers, hidden %d, %d heads, %s %d); batch %d x %d %s, %s, %s%s, attention %s"
+             % (_human(chosen.params), arch.family, arch.layers, arch.hidden, arch.heads,
+                "labels" if arch.family == "vit" else "vocab", arch.vocab, args.batch, tokens,
+                "patches+1" if arch.family == "vit" else "tokens", args.optimizer, device, why, chosen.attention),
+             "  %-24s" % "GiB" + "".join(" %14s" % p for p in shown)]
     for name in ("weights_bytes", "grads_bytes", "optimizer_bytes", "cast_bytes", "activation_bytes", "loss_bytes",
-                 "step_temp_bytes", "peak_bytes"):
-        lines.append("  %-24s" % name[:-6].replace("_", " ") + "".join(" %14.3f" % (getattr(side[p], name) / GB)
+                 "held_bytes", "step_temp_bytes", "live_peak_bytes", "framework_bytes", "slack_bytes", "peak_bytes"):
+        lines.append("  %-24s" % name[:-6].replace("_", " ") + "".join(" %14.3f" % (getattr(side[p], name) / GiB)
                                                                        for p in shown))
-    lines.append("  %-24s" % "peak at" + "".join(" %14s" % side[p].peak_phase for p in shown))
+    lines.append("  %-24s" % "live peak at" + "".join(" %14s" % side[p].peak_phase for p in shown))
     return _emit(args, data, lines)
 
 

@@ -11,13 +11,14 @@ accum) work in decimal GB as the seeds do; the LLM and transformer models work i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from memd.client.counts import whole
 from memd.client.plan import split_batch
+from memd.policy import archs
 from memd.policy.fit import Prior
-from memd.units import GB
+from memd.units import GB, MiB
 
 
 class EstimateError(ValueError):
@@ -270,106 +271,160 @@ def llm(params: float, optimizer: str = "adamw", precision: str = "mixed", train
                        None if gpu_bytes is None else int(gpu_bytes), max_batch)
 
 
-# -- transformer (seed 003, rebuilt) ----------------------------------------------------------
+# -- transformer training peak (seed 003, rebuilt on measurements) ------------------------------
 
-ATTENTIONS = ("sdpa", "naive")
+ATTENTIONS = ("auto", "sdpa", "eager", "naive")  # auto: the model's default (sdpa); naive = eager
 DEVICES = ("cpu", "cuda")
+
+# Bytes autograd keeps per block, per (b*s*h, b*s*intermediate, b*s) element, in training mode with
+# the config's dropout; counted with saved-tensor hooks on transformers 5.2 / torch 2.13 models
+# (docs/results.md, "Estimator accuracy"). bf16/fp16 without autocast use the mixed row (not measured).
+LAYER_BYTES = {
+    ("gpt2", "fp32"): (40, 20, 16), ("gpt2", "mixed"): (30, 10, 16),
+    ("llama", "fp32"): (36, 16, 16), ("llama", "mixed"): (32, 8, 11),
+    ("bert", "fp32"): (40, 8, 16), ("bert", "mixed"): (34, 4, 16),
+    ("vit", "fp32"): (32, 8, 16), ("vit", "mixed"): (24, 4, 16),
+    ("nanogpt", "fp32"): (4, 15, 22), ("nanogpt", "mixed"): (2, 8.5, 16),
+}
+# Bytes per b*s*h outside the blocks: embeddings, final norm, LM-head input (BERT: the MLM transform)
+REST_BYTES = {("gpt2", "fp32"): 12, ("gpt2", "mixed"): 10, ("llama", "fp32"): 13, ("llama", "mixed"): 11,
+              ("bert", "fp32"): 24, ("bert", "mixed"): 16, ("vit", "fp32"): 8, ("vit", "mixed"): 8,
+              ("nanogpt", "fp32"): 8, ("nanogpt", "mixed"): 6}
+# Bytes per attention score (b * heads * s^2) when attention materialises them: eager always;
+# sdpa on the CPU when attention dropout is on (its flash kernel has none: the math path runs).
+SCORE_BYTES = {("eager", False, "fp32"): 4, ("eager", False, "mixed"): 6, ("eager", True, "fp32"): 12,
+               ("eager", True, "mixed"): 8, ("sdpa", True, "fp32"): 12, ("sdpa", True, "mixed"): 12}
+# Framework memory a fresh process adds in its first steps: kernels, thread pools, autograd's
+# engine, oneDNN/cuBLAS workspaces. CPU: measured (tuning rows, bench/estimate_real.py). CUDA:
+# documented, not measured here: the context with lazy module loading (~0.5 GiB on H100-class
+# GPUs, outside torch's allocator) and cuBLAS workspaces.
+FRAMEWORK_BYTES = {"cpu": 256 * MiB, "cuda": 640 * MiB}
+# Allocator slack over the live-tensor peak. CPU (glibc's default malloc): the activations freed
+# during backward stay in the heap (sizes below its mmap threshold) while the gradients are
+# allocated, so the process holds both at the end of backward (measured, tuning rows). CUDA: the
+# caching allocator's rounding to 2 MiB segments and block splitting, a documented 5 % of the peak.
+PEAK_SLACK = {"cpu": 0.0, "cuda": 0.05}
 
 
 def gpt2_params(layers: int, d_model: int, vocab: int, positions: int, tied: bool = True) -> int:
-    """Exact parameter count of a GPT-2-style model (equal to torch's numel): token and position
-    embeddings, per block two LayerNorms (2h each), qkv (3h^2 + 3h), attention projection
-    (h^2 + h), MLP (4h^2 + 4h and 4h^2 + h) = 12h^2 + 13h, a final LayerNorm, and an lm_head
-    tied to the token embedding (or an untied V x h matrix without bias)."""
-    h = d_model
-    return vocab * h + positions * h + layers * (12 * h * h + 13 * h) + 2 * h + (0 if tied else vocab * h)
+    """Exact parameter count of a GPT-2-style model (equal to torch's numel): 12h^2 + 13h per block,
+    token and position embeddings, a final LayerNorm, an lm_head tied to the token embedding."""
+    return archs.params(archs.Arch("gpt2", layers, d_model, 1, vocab, positions, tied=tied))
 
 
 @dataclass(frozen=True)
 class TransformerEstimate:
     params: int
     precision: str
+    device: str
+    attention: str  # what runs: "sdpa" (no scores kept), "sdpa (math)" or "eager" (scores kept)
     weights_bytes: int  # parameters (fp32 under autocast, which keeps fp32 parameters)
     grads_bytes: int
     optimizer_bytes: int
     cast_bytes: int  # autocast's 16-bit copies of the matmul weights, held for backward
     activation_bytes: int  # saved for backward at the end of the forward pass
-    loss_bytes: int  # logits, log-softmax and their gradients at the start of backward
+    loss_bytes: int  # log-softmax output and the loss's gradients at the start of backward
+    held_bytes: int  # what the caller keeps through the step (the logits nanoGPT returns)
     step_temp_bytes: int  # the optimizer step's temporaries
-    peak_bytes: int
+    live_peak_bytes: int  # the largest sum of live tensors
+    framework_bytes: int  # kernels, thread pools, workspaces (CUDA: and the context)
+    slack_bytes: int  # the allocator's: memory it holds that no tensor uses at the peak
+    peak_bytes: int  # what the process grows by: live peak + framework + slack
     peak_phase: str  # "backward start", "backward", "backward end" or "optimizer step"
 
     @property
     def fixed_bytes(self) -> int:
         return self.weights_bytes + self.optimizer_bytes
 
+    def parts(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def attention_kind(arch: archs.Arch, attention: str, device: str) -> str:
+    """What the attention implementation does in training: keep its scores or not."""
+    impl = _choice("attention", attention, dict(zip(ATTENTIONS, ("sdpa", "sdpa", "eager", "eager"))))
+    if impl == "eager":
+        return "eager"
+    return "sdpa (math)" if device == "cpu" and arch.attn_dropout > 0 else "sdpa"
+
+
+def training_peak(arch: archs.Arch, seq_len: Optional[int], batch: int, precision: str = "fp32",
+                  optimizer: str = "adamw", device: str = "cpu", attention: str = "auto",
+                  checkpointing: bool = False) -> TransformerEstimate:
+    """How much a fresh training process grows by through its second optimizer step (states
+    exist, gradients set to None between steps, the loss computed inside the model).
+
+    The live peak is the largest of the step's moments: the start of backward (weights, states,
+    autocast's copies, every saved activation, the log-softmax and the loss's two gradients),
+    each block's backward (activations below it, gradients made so far), the end of backward
+    and the optimizer step (all gradients and the step's temporaries: per tensor on the CPU, one
+    full copy with CUDA's foreach kernels). On top: the framework's own memory and the
+    allocator's slack, both measured on the CPU (bench/estimate_real.py's tuning rows).
+    """
+    try:
+        archs.check(arch)
+    except archs.ArchError as exc:
+        raise EstimateError(str(exc)) from None
+    _positive("batch", batch)
+    if arch.family != "vit":
+        if seq_len is None:
+            raise EstimateError("seq_len is required for a %s model" % arch.family)
+        _positive("seq_len", seq_len)
+        if arch.positions and arch.family != "llama" and seq_len > arch.positions:
+            raise EstimateError("seq_len %d exceeds the model's %d positions" % (seq_len, arch.positions))
+    prec, opt = precision_name(precision), optimizer_name(optimizer)
+    dev = _choice("device", device, dict(zip(DEVICES, DEVICES)))
+    kind = attention_kind(arch, attention, dev)
+    key = "fp32" if prec == "fp32" else "mixed"
+    L, h, i, a, b = arch.layers, arch.hidden, arch.inter, arch.heads, int(batch)
+    s = arch.tokens(int(seq_len or 0))
+    T, V = b * s, arch.vocab
+    P = archs.params(arch)
+    wb = 2 if prec in ("bf16", "fp16") else 4  # autocast keeps fp32 parameters
+    W = G = P * wb
+    S = int(P * bytes_per_param(opt, "bf16" if wb == 2 else "fp32").states)
+    cast = 2 * archs.matmul_params(arch) if prec == "mixed" else 0
+
+    ch, ci, ct = LAYER_BYTES[(arch.family, key)]
+    score = 0 if kind == "sdpa" else SCORE_BYTES.get((kind.split()[0], arch.attn_dropout > 0, key), 12)
+    layer = int(ch * T * h + ci * T * i + ct * T + score * b * a * s * s)
+    saved = 4 * T * h if checkpointing else layer  # checkpointing keeps each block's input
+    logits = b * V if arch.family == "vit" else T * V  # elements: per image or per token
+    inputs = 4 * b * arch.channels * arch.image_size ** 2 if arch.family == "vit" else 16 * T
+    rest = REST_BYTES[(arch.family, key)] * T * h + 4 * logits + inputs  # with the fp32 log-softmax
+    activations = L * saved + rest
+    held = (2 if prec != "fp32" else 4) * logits if arch.family == "nanogpt" else 0  # nanoGPT returns its logits
+    loss = 4 * logits + 8 * logits  # log-softmax; its gradient and the logits' (fp32)
+    grad_layer = (P - (V * h if arch.family != "vit" else 0)) * wb // max(L, 1)
+    grad_head = (V * h + 2 * h) * wb
+    base = W + S + held
+    moments = [("backward start", base + cast + activations + 8 * logits)]
+    transient = 4 * T * (2 * i + h)  # gradients inside one block's backward
+    for k in sorted({L - 1, 0}, reverse=True):  # linear in k: the first or the last block's is largest
+        below = inputs + k * saved + layer
+        moments.append(("backward", base + cast + below + grad_head + (L - k) * grad_layer + transient))
+    moments.append(("backward end", base + G + inputs + 4 * T * h + grad_head))
+    step_temp = 0 if S == 0 else (P * 4 if dev == "cuda" else 2 * archs.largest_param(arch) * 4)
+    moments.append(("optimizer step", base + G + step_temp))
+    phase, live = max(moments, key=lambda m: m[1])
+    framework = FRAMEWORK_BYTES[dev]
+    heap = base + G + activations - 4 * logits if dev == "cpu" else 0  # freed activations kept, gradients made
+    slack = int(max(0, heap - live) + PEAK_SLACK[dev] * live)
+    return TransformerEstimate(P, prec, dev, kind, W, G, S, cast, activations, loss, held, step_temp, int(live),
+                               framework, slack, int(live + framework + slack), phase)
+
 
 def transformer(layers: int, d_model: int, heads: int, vocab: int, positions: int, seq_len: int, batch: int,
                 precision: str = "fp32", optimizer: str = "adamw", checkpointing: bool = False,
-                attention: str = "sdpa", tied: bool = True, device: str = "cpu") -> TransformerEstimate:
-    """Peak memory of one training step of a GPT-2-style model (from step 2 on: the optimizer
-    states exist, gradients are set to None between steps, the caller holds the logits).
-
-    Activations are counted tensor by tensor as autograd saves them (Korthikanti et al. 2022,
-    "Reducing Activation Recomputation", without dropout): per layer 17 b*s*h elements (LN
-    inputs, qkv, attention output and its contiguous copy, MLP 4h input and GELU output), plus
-    a*s^2*b for attention that materialises its scores (``naive``; SDPA/flash keeps a
-    log-sum-exp instead). The peak is the largest of: the start of backward (all activations +
-    4 b*s*V of logits, log-softmax and gradients, which dominates for large vocabularies), any
-    layer's backward (activations still held + gradients made so far), and the optimizer step
-    (all gradients + temporaries: per tensor on CPU, one full copy with CUDA's foreach kernels).
-    """
+                attention: str = "auto", tied: bool = True, device: str = "cpu") -> TransformerEstimate:
+    """A nanoGPT-layout model (GPT-2's tensors, SDPA, no dropout) from its flags; training_peak."""
     for name, value in (("layers", layers), ("d_model", d_model), ("heads", heads), ("vocab", vocab),
-                        ("positions", positions), ("seq_len", seq_len), ("batch", batch)):
+                        ("positions", positions)):
         _positive(name, value)
     if d_model % heads:
         raise EstimateError("d_model %d is not divisible by heads %d" % (d_model, heads))
-    if seq_len > positions:
-        raise EstimateError("seq_len %d exceeds positions %d" % (seq_len, positions))
-    prec, opt = precision_name(precision), optimizer_name(optimizer)
-    _choice("attention", attention, dict.fromkeys(ATTENTIONS))
-    _choice("device", device, dict.fromkeys(DEVICES))
-    L, h, a, V, s, b = int(layers), int(d_model), int(heads), int(vocab), int(seq_len), int(batch)
-    P = gpt2_params(L, h, V, int(positions), tied)
-    wb = 2 if prec in ("bf16", "fp16") else 4  # parameter bytes: autocast keeps fp32 parameters
-    act = 4 if prec == "fp32" else 2  # bytes of matmul outputs
-    res = 4 if prec in ("fp32", "mixed") else 2  # the residual stream (fp32 + bf16 stays fp32)
-    state = bytes_per_param(opt, "bf16" if wb == 2 else "fp32").states
-    W, G, S = P * wb, P * wb, int(P * state)
-    matmul_params = L * (12 * h * h + 9 * h) + V * h
-    cast = 2 * matmul_params if prec == "mixed" else 0
-
-    bsh, bs = b * s * h, b * s
-    ln_stats = 2 * 4 * bs  # mean and rstd, fp32
-    layer = 2 * res * bsh + 15 * act * bsh + 2 * ln_stats  # saved by one block
-    layer += (a * s * s * b * (6 if prec == "mixed" else act)) if attention == "naive" else 4 * a * bs
-    boundary = res * bsh  # what checkpointing keeps per block: its input
-    saved = boundary if checkpointing else layer
-    head = res * bsh + act * bsh + ln_stats  # ln_f input, its (cast) output saved by lm_head
-    inputs = 2 * 8 * bs  # token ids and targets (int64)
-    logit = act * b * s * V  # held by the caller through the step
-    lsm = 2 if prec in ("bf16", "fp16") else 4  # log-softmax runs in fp32 unless all is 16-bit
-    loss_peak = logit + 3 * lsm * b * s * V  # logits, log-softmax, its gradient, grad of logits
-    activations = inputs + L * saved + head
-    grad_layer = (12 * h * h + 13 * h) * wb
-    grad_head = V * h * wb + 2 * h * wb  # tied wte (from lm_head) and ln_f
-    moments = [("backward start", W + S + cast + activations + loss_peak)]
-    # lm_head's backward: its weight gradient while the gradient of the logits still exists
-    moments.append(("backward", W + S + cast + activations + logit + lsm * b * s * V + grad_head + 4 * bsh))
-    transient = 9 * 4 * bsh  # gradients inside one block's backward (MLP: 4h + 4h + h)
-    # During layer k's backward the moment is linear in k (layers below k held, L - k layers'
-    # gradients made), so the first or the last layer's is the largest: two, not L, moments
-    # (a model of 10**7 layers once cost 15 s and 1.2 GB here).
-    for k in sorted({L - 1, 0}, reverse=True):
-        held = inputs + k * saved + layer  # layers below k, and layer k (recomputed if checkpointed)
-        moments.append(("backward", W + S + logit + held + grad_head + (L - k) * grad_layer + transient))
-    wpe_grad = int(positions) * h * wb
-    moments.append(("backward end", W + S + logit + inputs + G + V * h * wb + wpe_grad))  # dense embedding grad
-    largest = max(V * h, int(positions) * h, 4 * h * h) * 4
-    step_temp = 0 if S == 0 else (P * 4 if device == "cuda" else 2 * largest)
-    moments.append(("optimizer step", W + S + G + logit + step_temp))
-    phase, peak = max(moments, key=lambda m: m[1])
-    return TransformerEstimate(P, prec, W, G, S, cast, activations, loss_peak, step_temp, int(peak), phase)
+    arch = archs.Arch("nanogpt", int(layers), int(d_model), int(heads), int(vocab), int(positions), tied=tied)
+    return training_peak(arch, seq_len, batch, precision, optimizer, device, attention, checkpointing)
 
 
 # -- hints -> Prior ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ thread: no locking here.
 from __future__ import annotations
 
 import collections
+import operator
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
@@ -22,6 +23,7 @@ from memd.policy.controller import ControlState, Decision, Limits
 from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
+_BATCH = operator.attrgetter("batch")
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
 OWNER = "@uid:"  # a curve's key ends with its owner's uid (planner.ownership, state.owner_of)
 
@@ -155,7 +157,7 @@ class SessionRecord:
         of all, a loader that ran 250 steps at batch 1 forgot its steps at 32, and the one batch
         size left bounded a sample at the whole process (0.69 GiB): it stayed at 1 for good."""
         if len(self.observations) >= HISTORY:
-            counts = collections.Counter(o.batch for o in self.observations)
+            counts = collections.Counter(map(_BATCH, self.observations))
             most = max(counts.values())
             victim = next(i for i, o in enumerate(self.observations) if counts[o.batch] == most)
             del self.observations[victim], self.observed_at[victim]

@@ -310,7 +310,8 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
     # scatter (the batch sizes' around the line, the reports' around their batch's) takes over
     # as it reports more, never below a tenth of the assumed level.
     residual2 = sum(k * (y - (my + slope * (x - mx))) ** 2 for k, x, y in zip(ws, xs, ys))
-    residual2 += sum((peak - statistics.fmean(p.peaks)) ** 2 for p in points for peak in p.peaks)
+    means = [statistics.fmean(p.peaks) for p in points]  # once a batch size: 64 reports at one were 64 x 64
+    residual2 += sum((peak - mean) ** 2 for p, mean in zip(points, means) for peak in p.peaks)
     sigma = max(math.sqrt((PRIOR_POINTS * (NOISE * my) ** 2 + residual2) / (PRIOR_POINTS + w - 2)), NOISE * my / 10)
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
@@ -327,7 +328,7 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
     # (the step from 32 to 178 cost more per sample than the rest); taken as headroom for every
     # batch, that excess left a fifth of its 2 GiB group unused.
     upper = [p for p in points if p.batch * LOCAL >= points[-1].batch]
-    excess = sorted(peak / middle(p.batch) - 1 for p in upper for peak in p.peaks)
+    excess = sorted(peak / at - 1 for p in upper for at in (middle(p.batch),) for peak in p.peaks)
     seen = max(0.0, excess[min(len(excess) - 1, int(high * len(excess)))])
     headroom = max(seen, spread)
     cap = None

@@ -74,8 +74,10 @@ class Server:
         self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
         self._trim_at = 0.0  # monotonic time before which it is not trimmed again
         # The sender of the message being handled (None over TCP): read by handlers that must
-        # know who asks (hello), valid only while a handler runs.
+        # know who asks (hello), valid only while a handler runs; and whether its CURVE key has
+        # been taken off the allow-list since it connected.
         self.peer: Optional[Peer] = None
+        self.revoked = False
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
@@ -150,7 +152,10 @@ class Server:
             except zmq.Again:
                 break
             handled += 1
-            self._handle(frames, dropped)
+            if self.revoked and self.zap is not None:  # its key was taken off the allow-list since
+                self.zap.revoked_messages += 1  # it connected: as if it had never been admitted
+            else:
+                self._handle(frames, dropped)
             if not self.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq: int | bytes; EVENTS is an int
                 break
         return handled
@@ -172,6 +177,7 @@ class Server:
         back (80 MB each way). Raises zmq.Again when nothing waits."""
         first = self.sock.recv(_NOBLOCK, copy=False)
         self.peer = _sender(first) if self._ipc_path is not None else None
+        self.revoked = self.zap is not None and not self.zap.admits(_property(first, "User-Id"))
         frames = [first.bytes]
         dropped = 0
         while self.sock.getsockopt(_RCVMORE):
@@ -270,11 +276,16 @@ class Server:
 
 
 def _sender(frame: zmq.Frame) -> Optional[Peer]:
+    return peer_of(_property(frame, "Peer-Address"))
+
+
+def _property(frame: zmq.Frame, name: str) -> Optional[str]:
+    """A property libzmq set on a received message (its sender's address, its CURVE key)."""
     try:
-        address = frame.get("Peer-Address")
-        return peer_of(address) if isinstance(address, str) else None
-    except (zmq.ZMQError, UnicodeDecodeError):  # a libzmq built without peer credentials
+        value = frame.get(name)
+    except (zmq.ZMQError, UnicodeDecodeError):  # not set (a libzmq built without peer credentials)
         return None
+    return value if isinstance(value, str) else None
 
 
 def _valid_envelope(envelope: List[bytes]) -> bool:

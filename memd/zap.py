@@ -73,7 +73,8 @@ class Gate:
 
     def __init__(self, context: zmq.Context, allowed: FrozenSet[bytes], throttle: Optional[Throttle] = None):
         self.context = context
-        self.allowed = allowed
+        self.revoked_messages = 0  # dropped from connections whose key was taken off the list
+        self.admit(allowed)
         self.throttle = throttle or Throttle(interval=60.0)  # a refused peer reconnects; its log line does not repeat
         self.refused = 0  # handshakes refused, ever
         self.sock: Optional[zmq.Socket] = None
@@ -87,9 +88,16 @@ class Gate:
         return sock
 
     def admit(self, allowed: FrozenSet[bytes]) -> None:
-        """Replace the allow-list (reload): new handshakes are checked against it; connections
-        already admitted stay until they close."""
+        """Replace the allow-list (reload): new handshakes are checked against it, and a key taken
+        off it is refused on connections it already has (admits)."""
         self.allowed = allowed
+        self._listed = frozenset(z85.encode(key).decode() for key in allowed)
+
+    def admits(self, user_id: Optional[str]) -> bool:
+        """Whether a message's sender (its User-Id, the key this gate admitted it with) is listed
+        now: a handshake is checked once, so a key removed at a reload would otherwise keep every
+        connection it already had."""
+        return user_id in self._listed
 
     def serve(self) -> int:
         """Answer the requests waiting, without blocking; returns how many."""

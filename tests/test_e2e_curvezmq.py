@@ -123,11 +123,18 @@ def test_sighup_rereads_the_allow_list(daemon, keys, tmp_path):
     daemon.proc.send_signal(signal.SIGHUP)
     assert wait_for(lambda: "reload_refused" in daemon.log())  # a broken list keeps the running one
     assert call("ping", endpoint=daemon.endpoint, timeout=1.0, **mallory)["pong"] is True
+    connected = Session("revoked", endpoint=daemon.endpoint, timeout=1.0, default_batch=4, **mallory)
+    assert connected.plan().source == "daemon"  # a connection admitted before the key goes
     (tmp_path / "allowed" / "broken.key").unlink()
     daemon.proc.send_signal(signal.SIGHUP)
     assert wait_for(lambda: daemon.log().count("config_reloaded") == 2)
     with pytest.raises(DaemonUnavailable):
         call("ping", endpoint=daemon.endpoint, timeout=TIMEOUT, **mallory)
+    # Its key gone, the connection it already had is refused too: its next plan is its own fallback.
+    connected.report(4, peak_bytes=1 << 30)
+    connected.timeout = TIMEOUT
+    assert wait_for(lambda: connected.plan().source == "fallback", timeout=10.0)
+    connected.close()
     assert daemon.call("ping")["pong"] is True
 
 

@@ -104,7 +104,7 @@ def test_hf_auto_find_batch_size_reports_each_retry_as_an_oom_and_steps_at_the_b
     too big), then 12, which fits: two OOMs, at 16 and 14, and every step at 12, not 16."""
     transformers = pytest.importorskip("transformers")
     model = Regressor(limit=12)
-    with client.Session("hf-auto", endpoint=memd.endpoint, timeout=1.0, default_batch=16) as s:
+    with client.Session("hf-auto", endpoint=memd.endpoint, timeout=1.0, default_batch=16, num_workers=0) as s:
         memd_cb = training.MemdCallback(s)
         assert memd_cb.trainer_arguments()["per_device_train_batch_size"] == 16
         args = hf_args(tmp_path, max_steps=3, auto_find_batch_size=True, **memd_cb.trainer_arguments())
@@ -127,20 +127,24 @@ def test_hf_an_oom_outside_the_step_is_reported_at_the_retry_and_the_next_run_pl
             raise torch.OutOfMemoryError(OOM)
         return transformers.default_data_collator(features)
 
-    memd_cb = training.MemdCallback(job="hf-collate", endpoint=memd.endpoint, timeout=1.0, default_batch=16)
+    memd_cb = training.MemdCallback(job="hf-collate", endpoint=memd.endpoint, timeout=1.0, default_batch=16,
+                                    num_workers=0)  # the collator in this process: no worker to shut down
     args = hf_args(tmp_path, max_steps=2, auto_find_batch_size=True, **memd_cb.trainer_arguments())
     transformers.Trainer(model=Regressor(), args=args, train_dataset=Rows(), data_collator=collate,
                          callbacks=[memd_cb]).train()
     assert wait_for(lambda: view(memd, "hf-collate") is None)  # closed at train end
     learned = curve(memd, "hf-collate")
     assert learned is not None and learned["ceiling"] is not None and learned["ceiling"] < 14
-    with client.Session("hf-collate", endpoint=memd.endpoint, timeout=1.0, default_batch=16) as again:
+    with client.Session("hf-collate", endpoint=memd.endpoint, timeout=1.0, default_batch=16, num_workers=0) as again:
         assert again.plan().batch_size <= learned["ceiling"]
 
 
-def test_hf_an_oom_in_the_optimizer_step_is_reported_before_it_leaves_train(memd, tmp_path):
+@pytest.mark.parametrize("where", ["backward", "optimizer step"])
+def test_hf_an_oom_in_a_step_is_reported_before_it_leaves_train(memd, tmp_path, where):
+    """Without auto_find_batch_size nothing catches the error: it leaves train() (and then the
+    process), and memd has heard of it first, with the session closed: the next run plans below."""
     transformers = pytest.importorskip("transformers")
-    model = Regressor()
+    model = Regressor(limit=8 if where == "backward" else None)
 
     class Adamish(torch.optim.SGD):  # its first step's state does not fit above 8 rows
         def step(self, closure=None):
@@ -148,15 +152,53 @@ def test_hf_an_oom_in_the_optimizer_step_is_reported_before_it_leaves_train(memd
                 raise torch.OutOfMemoryError(OOM)
             return super().step(closure)
 
-    memd_cb = training.MemdCallback(job="hf-optim", endpoint=memd.endpoint, timeout=1.0, default_batch=16)
+    job = "hf-" + where.replace(" ", "-")
+    memd_cb = training.MemdCallback(job=job, endpoint=memd.endpoint, timeout=1.0, default_batch=16, num_workers=0)
     args = hf_args(tmp_path, max_steps=2, **memd_cb.trainer_arguments())
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Rows(), callbacks=[memd_cb],
                                    optimizers=(Adamish(model.parameters(), lr=0.01), None))
     with pytest.raises(torch.OutOfMemoryError):
         trainer.train()
-    assert view(memd, "hf-optim") is None  # reported, then the session closed, before train() raised
-    learned = curve(memd, "hf-optim")
+    assert model.seen == [16]
+    assert view(memd, job) is None  # reported, then the session closed, before train() raised
+    learned = curve(memd, job)
     assert learned is not None and learned["ceiling"] is not None and learned["ceiling"] < 16
+
+
+def test_hf_any_other_error_leaves_train_with_the_session_closed_and_no_oom(memd, tmp_path):
+    transformers = pytest.importorskip("transformers")
+
+    class Broken(Regressor):
+        def forward(self, x, labels=None):
+            raise ValueError("a bug in the model")
+
+    memd_cb = training.MemdCallback(job="hf-bug", endpoint=memd.endpoint, timeout=1.0, default_batch=4, num_workers=0)
+    args = hf_args(tmp_path, max_steps=2, **memd_cb.trainer_arguments())
+    assert view(memd, "hf-bug") is not None
+    with pytest.raises(ValueError, match="a bug"):
+        transformers.Trainer(model=Broken(), args=args, train_dataset=Rows(), callbacks=[memd_cb]).train()
+    assert view(memd, "hf-bug") is None  # bye: the daemon need not wait for the process to end
+    assert curve(memd, "hf-bug") is None  # nothing learned: no step, no OOM
+
+
+CYCLE = """
+import gc, sys, time
+from memd import client
+s = client.Session("cycle", endpoint={endpoint!r}, timeout=1.0)
+assert s.plan().source == "daemon"
+loop = [s]
+loop.append(loop)  # as a Trainer holds its callback and the callback its session
+del s, loop
+gc.collect()
+print("collected")
+"""
+
+
+def test_a_session_dropped_unclosed_in_a_reference_cycle_does_not_hang_gc(memd):
+    """gc ran pyzmq's Context.__del__ with the socket still open, and zmq_ctx_term waited forever."""
+    done = subprocess.run([sys.executable, "-c", CYCLE.format(endpoint=memd.endpoint)], env=memd_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "collected"), done.stderr
 
 
 class LitRegressor:

@@ -110,14 +110,18 @@ class HFHooks(_Owned):
         method = getattr(owner, name, None)
         if method is None or not callable(method) or getattr(method, _GUARD, None) is self:
             return
-        setattr(owner, name, _reporting(method, self._oom, self))
+        setattr(owner, name, _reporting(method, self._failed, self))
 
-    def _oom(self, exc: BaseException) -> None:
+    def _failed(self, exc: BaseException, oom: bool) -> None:
+        """An error is leaving a step: report it if it is an out-of-memory error; close this
+        run's own session if it also leaves train() (only auto_find_batch_size catches, and
+        only those). HF calls no callback on an error: this is the session's last chance."""
         if self._batch is None:
             return  # not inside this callback's train(): someone else's call
-        self._attempt_oom = True
-        self.session.report_oom(self._batch)
-        if not self._retried:  # the error leaves train(): end this run's session now
+        if oom:
+            self._attempt_oom = True
+            self.session.report_oom(self._batch)
+        if not (oom and self._retried):
             self._batch = None
             self._close_own()
 
@@ -168,18 +172,23 @@ class LightningHooks(_Owned):
         self._close_own()
 
 
-def _reporting(method: Callable[..., Any], report: Callable[[BaseException], None], owner: Any) -> Callable[..., Any]:
-    """``method``, reporting an out-of-memory error it raises (once per exception) and re-raising it."""
+def _reporting(method: Callable[..., Any], failed: Callable[[BaseException, bool], None],
+               owner: Any) -> Callable[..., Any]:
+    """``method``, telling ``failed`` of an error it raises (once per exception, and whether it
+    is an out-of-memory error) before re-raising it."""
 
     @functools.wraps(method)
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
             return method(*args, **kwargs)
         except BaseException as exc:
-            from .training import is_oom
-            if is_oom(exc) and not getattr(exc, _REPORTED, False):
+            if not getattr(exc, _REPORTED, False):
+                from .training import is_oom
                 _mark(exc)
-                report(exc)
+                try:
+                    failed(exc, is_oom(exc))
+                except Exception:  # never let the advisor replace the training loop's own error
+                    pass
             raise
 
     setattr(guarded, _GUARD, owner)

@@ -60,7 +60,7 @@ class HFHooks(_Owned):
         super().__init__(session, device, session_kwargs)
         self._batch: Optional[int] = None  # the batch of the attempt under way (train begin to end)
         self._attempt_oom = False  # whether that attempt's out-of-memory error was reported
-        self._retried = False  # whether auto_find_batch_size will catch it and train again
+        self._auto_find = False  # whether auto_find_batch_size will catch it and train again
 
     def trainer_arguments(self) -> Dict[str, Any]:
         """The plan now as keyword arguments of transformers.TrainingArguments."""
@@ -75,7 +75,7 @@ class HFHooks(_Owned):
                 and batch < self._batch):
             self.session.report_oom(self._batch)
         self._batch, self._attempt_oom = batch, False
-        self._retried = bool(getattr(args, "auto_find_batch_size", False))
+        self._auto_find = bool(getattr(args, "auto_find_batch_size", False))
         trainer = _calling_trainer(self)
         if trainer is not None:
             self._guard(trainer, "training_step")  # forward and backward of one micro-batch
@@ -98,7 +98,7 @@ class HFHooks(_Owned):
         cuda = _cuda(self.device)
         peak = int(cuda.max_memory_reserved(self.device)) if cuda is not None else None
         self.session.report(_hf_batch(args, state), peak_bytes=peak, step=state.global_step)
-        self.session.plan()  # a dictionary look-up while fresh; keeps the session registered
+        self.session.plan()  # a dictionary look-up while fresh; registers again after a daemon restart
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._batch = None
@@ -121,7 +121,7 @@ class HFHooks(_Owned):
         if oom:
             self._attempt_oom = True
             self.session.report_oom(self._batch)
-        if not (oom and self._retried):
+        if not (oom and self._auto_find):
             self._batch = None
             self._close_own()
 
@@ -153,6 +153,7 @@ class LightningHooks(_Owned):
             cuda = _cuda(self.device)
             peak = int(cuda.max_memory_reserved(self.device)) if cuda is not None else None
             self.session.report(size, peak_bytes=peak, step=trainer.global_step)
+        self.session.plan()  # a dictionary look-up while fresh; registers again after a daemon restart
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """Lightning calls this before the exception leaves ``fit``: an out-of-memory error is
@@ -259,13 +260,14 @@ HF_DOC = """A transformers TrainerCallback that reports every optimizer step and
     MemdCallback(session=None, *, device=None, **session_kwargs)
 
 Give it a Session, or the Session's arguments (``job=``, ``target_effective_batch=``, ``hints=``...)
-and it opens its own, closed when training ends. Each optimizer step is reported at the batch
-the Trainer really runs (``state.train_batch_size``: under ``auto_find_batch_size`` the one it
-shrank to), with the CUDA allocator's peak (on the CPU the daemon measures the process). An
-out-of-memory error in the forward, backward or optimizer step is reported before it leaves
-``train()``; each retry of ``auto_find_batch_size`` is an out-of-memory error at the batch before.
-The Trainer's batch is fixed when it is built: take it from ``callback.trainer_arguments()``;
-a later plan applies when the job is next started.
+and it opens its own, closed when training ends or an error leaves ``train()``. Each optimizer
+step is reported at the batch the Trainer really runs (``state.train_batch_size``: under
+``auto_find_batch_size`` the one it shrank to), with the CUDA allocator's peak (on the CPU the
+daemon measures the process). An out-of-memory error in the forward, backward or optimizer
+step is reported before it leaves ``train()``; each retry of ``auto_find_batch_size`` is an
+out-of-memory error at the batch before. The Trainer's batch is fixed when it is built: take it
+from ``callback.trainer_arguments()``; a later plan applies when the job is next started
+(docs/training.md).
 """
 
 LIGHTNING_DOC = """A Lightning Callback that reports every training batch and every out-of-memory error.
@@ -275,5 +277,6 @@ LIGHTNING_DOC = """A Lightning Callback that reports every training batch and ev
 Give it a Session, or the Session's arguments, and it opens its own, closed when ``fit`` ends.
 Each training batch is reported at its real size (the first dimension of its first tensor),
 an out-of-memory error through ``on_exception``, before it leaves ``fit``. Build the DataLoader
-with ``callback.plan().batch_size``; a later plan applies when the job is next started.
+with ``callback.plan().batch_size``; a later plan applies when the job is next started
+(docs/training.md).
 """

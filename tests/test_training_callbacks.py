@@ -181,6 +181,33 @@ def test_hf_any_other_error_leaves_train_with_the_session_closed_and_no_oom(memd
     assert curve(memd, "hf-bug") is None  # nothing learned: no step, no OOM
 
 
+def test_hf_reports_reach_a_daemon_restarted_mid_run(memd, tmp_path):
+    """The daemon restarts after step 2 (a systemd restart, an upgrade): the callback's session
+    registers again by itself and the steps after it are reported to the new daemon."""
+    transformers = pytest.importorskip("transformers")
+    import time
+
+    class Restart(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                memd.stop()
+                memd.start()
+            time.sleep(0.1)  # steps of 0.1 s: the plan (fresh for 0.2 s here) is asked for again
+
+    memd_cb = training.MemdCallback(job="hf-restart", endpoint=memd.endpoint, timeout=1.0, default_batch=4,
+                                    num_workers=0)
+    args = hf_args(tmp_path, max_steps=10, **memd_cb.trainer_arguments())
+    trainer = transformers.Trainer(model=Regressor(), args=args, train_dataset=Rows(), callbacks=[Restart()])
+    trainer.add_callback(memd_cb)  # after Restart: its step-2 report goes to the new daemon, and is refused
+    seen = []
+    trainer.add_callback(type("Look", (transformers.TrainerCallback,), {
+        "on_step_end": lambda self, a, state, c, **k: seen.append(view(memd, "hf-restart")) if state.global_step == 9
+        else None}))
+    trainer.train()
+    assert seen[0] is not None and seen[0]["reports"] >= 3, seen  # of the 7 steps after the restart
+    assert seen[0]["latest_batch"] == 4
+
+
 CYCLE = """
 import gc, sys, time
 from memd import client

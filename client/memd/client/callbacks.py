@@ -260,7 +260,7 @@ HF_DOC = """A transformers TrainerCallback that reports every optimizer step and
     MemdCallback(session=None, *, device=None, **session_kwargs)
 
 Give it a Session, or the Session's arguments (``job=``, ``target_effective_batch=``, ``hints=``...)
-and it opens its own, closed when training ends or an error leaves ``train()``. Each optimizer
+and it opens its own, closed when training ends or an error in a step leaves ``train()``. Each optimizer
 step is reported at the batch the Trainer really runs (``state.train_batch_size``: under
 ``auto_find_batch_size`` the one it shrank to), with the CUDA allocator's peak (on the CPU the
 daemon measures the process). An out-of-memory error in the forward, backward or optimizer

@@ -235,6 +235,10 @@ class Session(Transport):
     # -- internals --------------------------------------------------------------------------
 
     def _reset(self) -> None:
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()  # closed by close(), or a forked child's copy of the parent's socket: not ours
+        self._finalizer = None
         self._pid = os.getpid()
         self._ctx = None
         self._sock = None

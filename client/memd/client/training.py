@@ -11,21 +11,37 @@
             if outcome.oom:
                 optimizer.zero_grad()          # the next plan is already smaller
 
-With the Hugging Face Trainer, the batch is fixed when the Trainer is built: take it from the
-plan, and report every optimizer step so that the job's next run starts from its real curve:
+With the Hugging Face Trainer, ``MemdCallback`` opens the job's session, gives the Trainer its
+arguments and reports every optimizer step and every out-of-memory error (before the process
+dies of it):
 
-    with client.Session(job="llama-ft", target_effective_batch=64) as s:
-        args = TrainingArguments(output_dir=..., **trainer_arguments(s.plan()))
-        Trainer(model=model, args=args, train_dataset=ds, callbacks=[trainer_callback(s)]).train()
+    from memd.client.training import MemdCallback
 
-With Lightning, build the DataLoader with ``plan.batch_size`` and pass
-``callbacks=[lightning_callback(s)]`` to the Trainer.
+    memd = MemdCallback(job="llama-ft", target_effective_batch=64)   # or MemdCallback(session)
+    args = TrainingArguments(output_dir=..., **memd.trainer_arguments())
+    Trainer(model=model, args=args, train_dataset=ds, callbacks=[memd]).train()
+
+With Lightning, ``MemdLightningCallback`` does the same through ``on_exception``:
+
+    memd = MemdLightningCallback(job="vit")
+    loader = DataLoader(ds, batch_size=memd.plan().batch_size)
+    Trainer(callbacks=[memd]).fit(model, loader)
+
+A running Trainer's batch cannot change (its DataLoader is built when training starts): memd's
+later plans apply when the job is next started, or restarted from a checkpoint, with arguments
+taken from the plan again. Both coexist with the frameworks' own batch finders: under
+``auto_find_batch_size`` the Trainer starts at the plan's batch and each of its retries is
+reported as an out-of-memory error at the batch before it, then each step at the batch it
+settled on; Lightning's ``BatchSizeFinder`` runs its trials with the callbacks detached, so memd
+sees neither its trials nor their errors, only the training that follows at the batch it chose.
+A ``session`` given is the caller's to close; one the callback opened is closed when training ends.
 
 For a plain loop, ``MemdLoader(dataset, s)`` is a DataLoader that follows the plan: batch size,
 workers, prefetch and throttle, rebuilt between batches without losing or repeating a sample.
 
 Imported on demand only: ``import memd.client`` never loads torch. Nothing here imports torch,
-transformers or lightning unless the caller does.
+transformers or lightning unless the caller does: the two callback classes are made when first
+looked up (``from memd.client.training import MemdCallback``), and left out of ``import *``.
 """
 from __future__ import annotations
 
@@ -146,53 +162,26 @@ def trainer_arguments(plan: Plan) -> Dict[str, Any]:
 
 
 def trainer_callback(session: Session, device: Any = None) -> Any:
-    """A transformers.TrainerCallback that reports each optimizer step's peak to the session.
-
-    The peak is the CUDA allocator's reserved peak over the step's micro-batches (each of
-    ``per_device_train_batch_size``); on the CPU the daemon measures the process instead.
-    """
-    from transformers import TrainerCallback  # the caller's Trainer has imported it already
-
-    class MemdCallback(TrainerCallback):  # type: ignore[misc]  # transformers is read as Any (pyproject.toml)
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            cuda = _cuda(device)
-            if cuda is not None:
-                cuda.reset_peak_memory_stats(device)
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            cuda = _cuda(device)
-            peak = int(cuda.max_memory_reserved(device)) if cuda is not None else None
-            session.report(args.per_device_train_batch_size, peak_bytes=peak, step=state.global_step)
-
-    return MemdCallback()
+    """``MemdCallback(session, device=device)``: the caller's session, which it keeps open."""
+    from .callbacks import trainer_class
+    return trainer_class()(session, device=device)
 
 
 def lightning_callback(session: Session, device: Any = None) -> Any:
-    """A Lightning Callback that reports each training batch's peak to the session.
+    """``MemdLightningCallback(session, device=device)``: the caller's session, which it keeps open."""
+    from .callbacks import lightning_class
+    return lightning_class()(session, device=device)
 
-    Works with ``lightning`` and the older ``pytorch_lightning`` package, whichever the caller
-    uses. The batch size is the first dimension of the batch (its first tensor); build the
-    DataLoader with ``plan.batch_size``.
-    """
-    try:
-        from lightning.pytorch import Callback
-    except ImportError:
-        from pytorch_lightning import Callback
 
-    class MemdCallback(Callback):  # type: ignore[misc]  # Lightning is read as Any (pyproject.toml)
-        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-            cuda = _cuda(device)
-            if cuda is not None:
-                cuda.reset_peak_memory_stats(device)
-
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-            size = _batch_size(batch)
-            if size:
-                cuda = _cuda(device)
-                peak = int(cuda.max_memory_reserved(device)) if cuda is not None else None
-                session.report(size, peak_bytes=peak, step=trainer.global_step)
-
-    return MemdCallback()
+def __getattr__(name: str) -> Any:
+    """MemdCallback and MemdLightningCallback, made at first look-up (importing their framework)."""
+    if name == "MemdCallback":
+        from .callbacks import trainer_class
+        return trainer_class()
+    if name == "MemdLightningCallback":
+        from .callbacks import lightning_class
+        return lightning_class()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 def _batch_size(batch: Any) -> Optional[int]:

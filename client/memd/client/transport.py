@@ -7,6 +7,7 @@ look-up away; the Session supplies the state it works on and ``_absorb`` for str
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any, Dict, Optional
 
 import zmq
@@ -17,6 +18,12 @@ from . import curve, protocol
 _NOBLOCK, _EVENTS, _POLLIN, _RCVTIMEO = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVTIMEO)
 
 BACKOFF_FIRST = 0.1  # seconds before the first retry after the daemon failed to answer
+
+
+def release(ctx: zmq.SyncContext, sock: zmq.SyncSocket) -> None:
+    """Close a collected Session's socket, then its context (see Transport._socket)."""
+    sock.close(0)
+    ctx.term()
 
 
 class NoReply(Exception):
@@ -41,6 +48,7 @@ class Transport:
     _curve_problem: Optional[str]
     _ctx: Optional[zmq.SyncContext]
     _sock: Optional[zmq.SyncSocket]
+    _finalizer: Optional[weakref.finalize[Any, Any]]  # closes both if the Session is collected unclosed
     _rcvtimeo: int
     _fresh_socket: bool
     _token: Optional[str]
@@ -76,6 +84,12 @@ class Transport:
             sock.connect(self.endpoint)
             self._sock = sock
             self._fresh_socket = True
+            # A Session dropped unclosed inside a reference cycle (a Trainer holding its callback)
+            # is collected by gc, which runs the Context's __del__ with the socket still open:
+            # zmq_ctx_term then waits for it forever. This closes both first, from references
+            # of its own (gc has already emptied the Context's weak set of sockets by then).
+            self._finalizer = weakref.finalize(self, release, self._ctx, sock)
+            self._finalizer.atexit = False  # at exit pyzmq lets both go by itself
         return self._sock
 
     def _call(self, op: str, deadline: float, **fields: Any) -> Dict[str, Any]:

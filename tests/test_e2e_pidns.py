@@ -54,22 +54,37 @@ def run_job(memd, *prefix):
     return json.loads(done.stdout)
 
 
-def test_a_client_in_another_pid_namespace_is_not_measured(memd):
+def test_a_client_in_another_pid_namespace_is_watched_as_its_process_here(memd):
+    """A job in a container names itself by its pid there (1 here); over the ipc socket the kernel
+    gives the daemon that process's pid in its own namespace, and the daemon watches that one."""
     refused = unshare_refused()
     if refused:
         pytest.skip(refused)
     inside = run_job(memd, "unshare", "--pid", "--fork", "--mount-proc")
     assert inside["pid"] == 1, inside  # in the daemon's view pid 1 is this machine's (or container's) init
     view = inside["session"]
+    assert view["pid"] != 1 and view["unwatched"] is None, view
+    assert "planned from its reports" not in view["plan"]["reason"], view
+    if memd.call("status")["snapshot"]["memory_model"] != "discrete":
+        assert view["latest_peak_bytes"], view  # its report without a peak was measured, on its process here
+    # The same job on the host is watched as ever.
+    outside = run_job(memd)
+    view = outside["session"]
+    assert view["pid"] == outside["pid"] and view["unwatched"] is None, view
+
+
+def test_over_tcp_a_client_in_another_pid_namespace_is_planned_from_its_reports(start_memd):
+    """Without the kernel's word (TCP has no peer credentials) its pid cannot be told from pid 1
+    here: it is not measured, and says why."""
+    from realdaemon import free_port
+    refused = unshare_refused()
+    if refused:
+        pytest.skip(refused)
+    memd = start_memd(endpoint="tcp://127.0.0.1:%d" % free_port())
+    view = run_job(memd, "unshare", "--pid", "--fork", "--mount-proc")["session"]
     assert view["unwatched"] == "pid 1 here is another process (this job is in another pid namespace)", view
     assert view["plan"]["reason"].endswith("; %s: planned from its reports" % view["unwatched"]), view
     assert view["latest_peak_bytes"] is None, view  # its report without a peak was not measured on pid 1
-    # The same job on the host is watched, and measured where its pool is host memory.
-    outside = run_job(memd)
-    view = outside["session"]
-    assert view["unwatched"] is None and "planned from its reports" not in view["plan"]["reason"], view
-    if memd.call("status")["snapshot"]["memory_model"] != "discrete":
-        assert view["latest_peak_bytes"], view
 
 
 @pytest.fixture

@@ -74,11 +74,14 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
     Every number within its protocol.FIELD_RANGES range.
 
     ``peer``: who asked, in the kernel's word (the ipc socket's credentials; None over TCP). A
-    pid that belongs to another user than the one asking is not watched (watch.watchable), and
+    job in a container is its process as the daemon sees it (watch.as_seen_here); a pid that
+    belongs to another user than the one asking is not watched (watch.watchable), and
     when every slot is taken a user holding fewer sessions takes the newest of the user holding
     the most (Sessions.crowding).
     """
     asked = read_hello(req)
+    pid, host, pid_ns = watch.as_seen_here(core, asked.pid, asked.host, asked.pid_ns, asked.start_time, peer)
+    asked = asked._replace(pid=pid, host=host, pid_ns=pid_ns)  # a job in a container, as seen from here
     local, unwatched = watch.watchable(core, asked.host, asked.pid, asked.pid_ns, asked.start_time, peer)
     snapshot = memo.snapshot(core)
     earlier = core.sessions.find(asked.host, asked.pid, asked.nonce) if asked.nonce is not None else None

@@ -13,6 +13,28 @@ from memd.sampling.snapshot import Cgroup, gpu_bytes
 from memd.sessions import Peer, SessionRecord
 
 
+def as_seen_here(core: Core, pid: int, host: str, pid_ns: Optional[int], start_time: Optional[int],
+                 peer: Optional[Peer]) -> Tuple[int, str, Optional[int]]:
+    """(pid, host, pid_ns) of a hello as this daemon sees the process that sent it. A job in a
+    container names itself by its pid and hostname there: as a stranger's, it was planned from its
+    reports and never measured, and nothing it learned was kept. Over the ipc socket the kernel
+    gives the daemon the sender's pid in the daemon's own pid namespace (SO_PEERCRED, ``peer``);
+    when that process is the one the hello describes (in the pid namespace it names, with the
+    pid it names there, started when it says), the hello is that process's, on this machine.
+    Anything else is left as claimed, and checked as claimed (watchable)."""
+    if peer is None or not peer.pid:  # over TCP, or a sender this daemon's pid namespace cannot see (pid 0)
+        return pid, host, pid_ns
+    own = procs.pid_namespace("self", core.proc_root)
+    if pid_ns is None or pid_ns == own:
+        same = pid == peer.pid
+    else:
+        same = (procs.pid_namespace(peer.pid, core.proc_root) == pid_ns
+                and procs.innermost_pid(peer.pid, core.proc_root) == pid)
+    if not same or (start_time is not None and procs.process_start_time(peer.pid, core.proc_root) != start_time):
+        return pid, host, pid_ns
+    return peer.pid, core.host, own if pid_ns is not None else None
+
+
 def watchable(core: Core, host: str, pid: int, pid_ns: Optional[int], start_time: Optional[int],
               peer: Optional[Peer] = None) -> Tuple[bool, Optional[str]]:
     """Whether the pid a hello names is the client's own process here, which the daemon may

@@ -139,6 +139,19 @@ def process_start_time(pid: int, proc_root: str = "/proc") -> Optional[int]:
         return None
 
 
+def innermost_pid(pid: int, proc_root: str = "/proc") -> Optional[int]:
+    """The process's pid in its own pid namespace (the last of NSpid in /proc/PID/status): what
+    a job in a container calls itself. None when gone or unknown (kernels before 4.1)."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "status")) as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def process_owner(pid: int, proc_root: str = "/proc") -> Optional[int]:
     """The uid that owns a process (its /proc entry's owner: the effective uid), None when gone."""
     try:

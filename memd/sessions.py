@@ -12,10 +12,9 @@ thread: no locking here.
 from __future__ import annotations
 
 import collections
-import operator
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Counter, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 from memd.client.plan import Plan
 from memd.planner_memo import PlannerMemo
@@ -23,7 +22,6 @@ from memd.policy.controller import ControlState, Decision, Limits
 from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
-_BATCH = operator.attrgetter("batch")
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
 OWNER = "@uid:"  # a curve's key ends with its owner's uid (planner.ownership, state.owner_of)
 
@@ -70,6 +68,7 @@ class SessionRecord:
     prior: Optional[Prior] = None
     remembered: List[Observation] = field(default_factory=list)  # from an earlier run of this job
     observations: List[Observation] = field(default_factory=list)  # in order; see observe()
+    batch_counts: Counter[int] = field(default_factory=collections.Counter)  # observe()'s, of the above
     state: ControlState = field(default_factory=ControlState)
     plan: Optional[Plan] = None
     pool: Optional[str] = None  # the pool of the last decision ("host" or a GPU uuid)
@@ -156,11 +155,16 @@ class SessionRecord:
         with the most goes: a curve needs batch sizes more than repeats of one. Dropping the oldest
         of all, a loader that ran 250 steps at batch 1 forgot its steps at 32, and the one batch
         size left bounded a sample at the whole process (0.69 GiB): it stayed at 1 for good."""
+        counts = self.batch_counts  # of the observations kept, per batch size (kept here, not counted each time)
         if len(self.observations) >= HISTORY:
-            counts = collections.Counter(map(_BATCH, self.observations))
             most = max(counts.values())
             victim = next(i for i, o in enumerate(self.observations) if counts[o.batch] == most)
+            gone = self.observations[victim].batch
+            counts[gone] -= 1
+            if not counts[gone]:
+                del counts[gone]
             del self.observations[victim], self.observed_at[victim]
+        counts[observation.batch] += 1
         self.observations.append(observation)
         self.observed_at.append(self.observed)
         self.observed += 1

@@ -1,7 +1,11 @@
 """The session registry (memd/sessions.py) on its own: a clock and a liveness check injected, no
 daemon. What a record keeps (history, held peaks, what may be remembered) and what the registry
 does at its bounds (full, unwatched share, expiry, tokens, nonces)."""
+import collections
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memd.policy.controller import Limits
 from memd.policy.fit import Observation
@@ -121,3 +125,22 @@ def test_learned_keeps_past_warmup_and_lifts_a_ceiling_after_clean_runs():
     s.forget_learned()
     s.observe(Observation(16, 1600))
     assert [o.peak_bytes for o in s.learned(10)[0]] == [1600]  # only what came after the forget
+
+
+@given(st.lists(st.integers(1, 6), max_size=3 * HISTORY))
+def test_kept_reports_are_those_of_the_rule_with_their_counts_kept_alongside(batches):
+    """observe() keeps its per-batch counts as it goes: the reports it keeps are the rule's (when
+    full, the oldest of the batch size with the most goes), recounted from scratch each time."""
+    s = SessionRecord(token="t", sid=1, job="j", pid=1, host="h", local=True, start_time=None, limits=Limits(),
+                      created=0.0, last_seen=0.0)
+    expected = []
+    for step, batch in enumerate(batches):
+        if len(expected) >= HISTORY:
+            counts = collections.Counter(o.batch for o in expected)
+            most = max(counts.values())
+            del expected[next(i for i, o in enumerate(expected) if counts[o.batch] == most)]
+        observation = Observation(batch, 1000 + step)
+        expected.append(observation)
+        s.observe(observation)
+    assert s.observations == expected
+    assert s.batch_counts == collections.Counter(o.batch for o in expected)

@@ -12,8 +12,9 @@ import sys
 from dataclasses import asdict
 from typing import Optional, Tuple
 
-from memd.policy import archs
+from memd.policy import archs, rules
 from memd.policy import estimate as est
+from memd.policy.inputs import EstimateError
 from memd.units import GB, GiB
 
 _SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
@@ -40,12 +41,12 @@ def add_parser(subparsers) -> None:
 
     p = sub.add_parser("unified", help="unified-memory batch size for image models (the AI Toolkit calculator's rules)")
     p.add_argument("--memory-gb", type=float, required=True, help="the pool: unified memory (or VRAM with --discrete)")
-    p.add_argument("--model", required=True, help="architecture: " + ", ".join(est.ARCH_WEIGHTS_GB))
+    p.add_argument("--model", required=True, help="architecture: " + ", ".join(rules.ARCH_WEIGHTS_GB))
     p.add_argument("--resolution", type=int, required=True, help="training resolution in pixels (square)")
     p.add_argument("--workers", type=int, default=0, help="dataloader workers (default 0)")
-    p.add_argument("--worker-gb", type=float, default=est.WORKER_GB,
+    p.add_argument("--worker-gb", type=float, default=rules.WORKER_GB,
                    help="GB per worker (default 8; ~4 for small models)")
-    p.add_argument("--os-reserve-gb", type=float, default=est.OS_RESERVE_GB, help="kept for the OS (default 8)")
+    p.add_argument("--os-reserve-gb", type=float, default=rules.OS_RESERVE_GB, help="kept for the OS (default 8)")
     p.add_argument("--quantization", default="none", help="none, 8bit or 4bit base model")
     p.add_argument("--optimizer", default="adamw", help="adamw, lamb, adafactor or sgd")
     p.add_argument("--ema", action="store_true", help="keep an EMA copy of the trained weights")
@@ -137,15 +138,15 @@ def _emit(args: argparse.Namespace, data: dict, lines, fits: bool = True) -> int
 def _unified(args: argparse.Namespace) -> int:
     try:
         if args.discrete:
-            batch = est.discrete_initial_batch(args.memory_gb, args.resolution)
+            batch = rules.discrete_initial_batch(args.memory_gb, args.resolution)
             data = {"memory_model": "discrete", "memory_gb": args.memory_gb, "resolution": args.resolution,
                     "batch_size": batch}
             return _emit(args, data, ["discrete GPU, %g GB VRAM, %d px: initial batch %d"
                                       % (args.memory_gb, args.resolution, batch)])
-        r = est.unified(args.memory_gb, args.model, args.resolution, args.workers, args.ema, args.quantization,
+        r = rules.unified(args.memory_gb, args.model, args.resolution, args.workers, args.ema, args.quantization,
                         args.optimizer, args.full_finetune, args.dop, args.checkpointing, args.worker_gb,
                         args.os_reserve_gb)
-    except est.EstimateError as exc:
+    except EstimateError as exc:
         return _fail(args, exc)
     data = dict(asdict(r), memory_model="unified", memory_gb=args.memory_gb)
     lines = ["unified memory %g GB, %s at %d px" % (args.memory_gb, r.model, r.resolution)]
@@ -166,11 +167,11 @@ def _unified(args: argparse.Namespace) -> int:
 def _accum(args: argparse.Namespace) -> int:
     try:
         if (args.gpu_gb is None) == (args.max_batch is None):
-            raise est.EstimateError("give exactly one of --gpu-gb and --max-batch")
-        limit = args.max_batch if args.max_batch is not None else est.seed_max_batch(
+            raise EstimateError("give exactly one of --gpu-gb and --max-batch")
+        limit = args.max_batch if args.max_batch is not None else rules.seed_max_batch(
             args.gpu_gb, args.images_per_sample, args.sample_gb)
-        r = est.accum(limit, args.target, args.min_batch)
-    except est.EstimateError as exc:
+        r = rules.accum(limit, args.target, args.min_batch)
+    except EstimateError as exc:
         return _fail(args, exc)
     data = dict(asdict(r), fits=args.min_batch <= r.max_batch)
     if not data["fits"]:
@@ -191,7 +192,7 @@ def _llm(args: argparse.Namespace) -> int:
         r = est.llm(args.params, args.optimizer, args.precision, args.trainable, args.base_quantization,
                     args.zero_stage, args.gpus, args.cuda_overhead_gb * GB, args.margin_gb * GB, per_sample,
                     None if args.gpu_gb is None else args.gpu_gb * GB)
-    except (est.EstimateError, TypeError) as exc:
+    except (EstimateError, TypeError) as exc:
         return _fail(args, exc)
     data = asdict(r)
     data["bytes_per_param"]["total"] = r.bytes_per_param.total
@@ -242,16 +243,16 @@ def _architecture(args: argparse.Namespace) -> archs.Arch:
             with open(args.model_config) as f:
                 config = json.load(f)
         except OSError as exc:
-            raise est.EstimateError("--model-config %s: %s" % (args.model_config, exc.strerror or exc)) from None
+            raise EstimateError("--model-config %s: %s" % (args.model_config, exc.strerror or exc)) from None
         except ValueError as exc:
-            raise est.EstimateError("--model-config %s: not JSON (%s)" % (args.model_config, exc)) from None
+            raise EstimateError("--model-config %s: not JSON (%s)" % (args.model_config, exc)) from None
         base = archs.from_config(config, args.model_config)
         return archs.with_overrides(base, tied=False if args.untied else None, **flags)
     missing = [name for name, key in (("--layers", "layers"), ("--d-model", "hidden"), ("--heads", "heads"),
                                       ("--vocab", "vocab"), ("--seq-len", "seq")) if
                (args.seq_len if key == "seq" else flags[key]) is None]
     if missing:
-        raise est.EstimateError("give --model-config CONFIG_JSON or %s" % ", ".join(missing))
+        raise EstimateError("give --model-config CONFIG_JSON or %s" % ", ".join(missing))
     flags.update(positions=args.positions or args.seq_len, intermediate=args.intermediate or 0, kv_heads=0)
     return archs.check(archs.Arch("nanogpt", tied=not args.untied, **flags))
 
@@ -261,14 +262,14 @@ def _transformer(args: argparse.Namespace) -> int:
         device, why = _device(args.device)
         arch = _architecture(args)
         if arch.family != "vit" and args.seq_len is None:
-            raise est.EstimateError("--seq-len is required for a %s model" % arch.family)
+            raise EstimateError("--seq-len is required for a %s model" % arch.family)
         kwargs = dict(seq_len=args.seq_len, batch=args.batch, optimizer=args.optimizer,
                       checkpointing=args.checkpointing, attention=args.attention, device=device)
         shown = ("fp32", "mixed") + (() if est.precision_name(args.precision) in ("fp32", "mixed")
                                      else (args.precision,))
         chosen = est.training_peak(arch, precision=args.precision, **kwargs)
         side = {p: est.training_peak(arch, precision=p, **kwargs) for p in shown}
-    except (est.EstimateError, archs.ArchError) as exc:
+    except (EstimateError, archs.ArchError) as exc:
         return _fail(args, exc)
     data = asdict(chosen)
     data.update(peak_gib=round(chosen.peak_bytes / GiB, 6), family=arch.family, architecture=asdict(arch),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Callable, Counter, Deque, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Counter, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from memd.client.plan import Plan
 from memd.planner_memo import PlannerMemo
@@ -35,6 +35,15 @@ class Peer(NamedTuple):
 UNWATCHED_SHARE = 0.25  # of max_sessions, at most, for sessions whose process memd cannot watch
 # Runs that must go clean at a remembered OOM ceiling before it is lifted (SessionRecord.learned).
 CLEAN_RUNS = 3
+
+
+def _newest_of_busiest(sessions: Iterable[SessionRecord]) -> Optional[SessionRecord]:
+    """The newest session of the process that holds the most of ``sessions``."""
+    listed = list(sessions)
+    if not listed:
+        return None
+    busiest = collections.Counter(s.peer_pid for s in listed).most_common(1)[0][0]
+    return max((s for s in listed if s.peer_pid == busiest), key=lambda s: s.sid)
 
 
 class UnknownSession(KeyError):
@@ -87,6 +96,7 @@ class SessionRecord:
     rejoined: bool = False  # said hello running a batch already (the daemon restarted under it)
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
     peer_uid: Optional[int] = None  # the user whose process said hello (the kernel's word; None over TCP)
+    peer_pid: Optional[int] = None  # and that process, as this daemon's pid namespace names it
     # The Kubernetes pod (UID) and Slurm job it runs in, and how that is known (memd.attribution)
     pod_uid: Optional[str] = None
     slurm_job_id: Optional[str] = None
@@ -232,19 +242,26 @@ class Sessions:
             self._by_nonce[(session.host, session.pid, session.nonce)] = session
         return session
 
-    def crowding(self, uid: Optional[int]) -> Optional[SessionRecord]:
-        """When every slot is taken, the session a hello from ``uid`` may end to get one: the
-        newest of the user holding the most, if that user holds at least two more than ``uid``
-        does. Slots are shared max-min between users: one user alone may fill them all, but a
-        flood of hellos from one cannot keep another user's job out (256 sessions from one
-        process once held every slot)."""
-        held = collections.Counter(s.peer_uid for s in self._by_token.values())
-        if not held:
-            return None
-        most, count = held.most_common(1)[0]
-        if most == uid or held[uid] + 1 >= count:
-            return None
-        return max((s for s in self._by_token.values() if s.peer_uid == most), key=lambda s: s.sid)
+    def crowding(self, peer: Optional[Peer]) -> Optional[SessionRecord]:
+        """When every slot is taken, the session a hello from ``peer`` may end to get one. Slots
+        are shared max-min, between users and then between one user's processes: the newest
+        session of the process holding the most, in the user holding the most, gives way when
+        that user holds at least two more than the one asking (or, within one user, that
+        process two more than the one asking). One user, or one process, alone may fill every
+        slot, but a flood of hellos cannot keep another user's or another process's job out
+        (256 sessions from one process once held every slot). Over TCP all peers are one."""
+        everyone = list(self._by_token.values())
+        uid, pid = (None, None) if peer is None else peer
+        users = collections.Counter(s.peer_uid for s in everyone)
+        user, count = users.most_common(1)[0] if users else (None, 0)
+        if user != uid and users[uid] + 1 < count:
+            return _newest_of_busiest(s for s in everyone if s.peer_uid == user)
+        mine = [s for s in everyone if s.peer_uid == uid]
+        processes = collections.Counter(s.peer_pid for s in mine)
+        process, count = processes.most_common(1)[0] if processes else (None, 0)
+        if pid is not None and process != pid and processes[pid] + 1 < count:
+            return _newest_of_busiest(s for s in mine if s.peer_pid == process)
+        return None
 
     def find(self, host: str, pid: int, nonce: str) -> Optional[SessionRecord]:
         """The open session an earlier hello with this nonce opened for this process, if any."""

@@ -15,6 +15,7 @@ from memd import client
 from memd.sampling import procs
 from memd.server import Peer, peer_of
 from nobody import as_nobody
+from realdaemon import wait_for
 
 GiB = 1 << 30
 
@@ -104,8 +105,9 @@ class Flood:
 
 
 def test_one_users_flood_of_sessions_gives_way_to_another_users_job(start_memd):
-    """Every slot taken by one user's live process: another user's job still gets one (the
-    flood's newest gives way), and the flood cannot take it back."""
+    """Every slot taken by one user's live process: another process of that user gets its share
+    (the flood's newest give way), another user's job still gets one, and the flood cannot take
+    them back."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to ask as another user")
     directory = tempfile.mkdtemp(prefix="memd-peer-")
@@ -121,11 +123,25 @@ def test_one_users_flood_of_sessions_gives_way_to_another_users_job(start_memd):
 
         floods.append(Flood(memd.endpoint, 10))
         assert floods[0].codes == ["ok"] * 8 + ["too_many_sessions"] * 2  # one user alone may fill every slot
+        floods.append(Flood(memd.endpoint, 5))  # the same user's second process gets its share: 4 of 8
+        assert floods[1].codes == ["ok"] * 4 + ["too_many_sessions"], floods[1].codes
+        floods[1].close()
+        floods.pop()
+        assert wait_for(lambda: len(memd.call("status")["sessions"]) == 4)  # its sessions end with it
+        floods.append(Flood(memd.endpoint, 5))  # another process of the same user: the free slots
+        assert floods[1].codes == ["ok"] * 4 + ["too_many_sessions"], floods[1].codes
+        floods[1].close()
+        floods.pop()
+        floods[0].close()
+        floods.pop()
+        floods.append(Flood(memd.endpoint, 10))
         token = _hello(memd.endpoint, os.getpid(), "mine")["token"]  # root's job gets one
         jobs = sorted(s["job"] for s in memd.call("status")["sessions"])
         assert jobs == ["flood-%d" % i for i in range(7)] + ["mine"], jobs  # the newest of the flood gave way
-        floods.append(Flood(memd.endpoint, 1))
-        assert floods[1].codes == ["too_many_sessions"]  # 7 against 1: the flood cannot take it back
+        floods.append(Flood(memd.endpoint, 1))  # another process of that user: a slot of its flood, not root's
+        assert floods[1].codes == ["ok"]
+        held = [(s["job"], s["pid"]) for s in memd.call("status")["sessions"]]
+        assert ("mine", os.getpid()) in held and sum(pid == floods[0].pid for _, pid in held) == 6, held
         memd.call("bye", token=token)
     finally:
         for flood in reversed(floods):  # a later child holds the earlier ones' pipes

@@ -166,14 +166,14 @@ def _open(core: Core, asked: Hello, local: bool, unwatched: Optional[str], peer:
         rank=asked.rank, world_size=asked.world_size, device=asked.device, device_uuid=asked.device_uuid,
         visible_devices=asked.visible_devices, hints=dict(asked.hints), prior=prior_from_hints(asked.hints),
         cpus=asked.cpus, local_world_size=asked.local_world_size, unwatched=unwatched,
-        peer_uid=None if peer is None else peer.uid,
+        peer_uid=None if peer is None else peer.uid, peer_pid=None if peer is None else peer.pid,
     )
     try:
         return core.sessions.open(**record)
     except TooManySessions:
         lifecycle.expire(core)
         if core.sessions.full():
-            crowded = core.sessions.crowding(None if peer is None else peer.uid)
+            crowded = core.sessions.crowding(peer)
             if crowded is not None:
                 core.sessions.close(crowded.token)
                 lifecycle.end(core, crowded, "evicted")

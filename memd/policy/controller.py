@@ -118,13 +118,13 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
             if state.stable < cfg.stable_steps:
-                limit, reason = state.batch, "holding %d after an out-of-memory error (%d/%d stable steps)" % (
-                    state.batch, state.stable, cfg.stable_steps)
+                limit, reason = state.batch, "%d after an out-of-memory error, held until %d stable steps " \
+                    "(%d so far)" % (state.batch, cfg.stable_steps, state.stable)
             else:  # back toward the ceiling in halving steps: the OOM said the room ends somewhere below it
                 step = state.batch + max(1, (min(limit, state.ceiling) - state.batch + 1) // 2)
                 if step < limit:
-                    limit, reason = step, "growing back %d -> %d toward the ceiling %d after %d stable steps" % (
-                        state.batch, step, state.ceiling, state.stable)
+                    limit, reason = step, "growing back to %d from %d, toward the ceiling %d, after %d stable steps" % (
+                        step, state.batch, state.ceiling, state.stable)
         if limit > state.ceiling:
             limit, reason = state.ceiling, "at the ceiling %d below the batch that ran out of memory" % state.ceiling
             at_ceiling = True
@@ -137,19 +137,24 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if level == "critical" and current is not None and not critical_cut:
         cut = max(limits.min_batch, int(current * (1 - cfg.oom_cut)))
         if cut < limit:
-            limit, reason = cut, "cut %d -> %d: memory pressure is critical" % (current, cut)
+            limit, reason = cut, "cut to %d from %d: memory pressure is critical" % (cut, current)
         critical_cut = True
 
+    # Every reason leads with the plan's own batch: a move that allowed another number says so
+    # after it ("growing back to 96" while the batch stays 64 read as a move that did not happen).
     if limits.max_batch is not None and limit > limits.max_batch:
-        limit = limits.max_batch
-        reason += "; capped at max_batch %d" % limits.max_batch
+        limit, reason = limits.max_batch, "%d, the job's max_batch (memory allows more: %s)" % (
+            limits.max_batch, reason)
     if limit < limits.min_batch:
-        reason += "; even min_batch %d may not fit" % limits.min_batch
-        limit = limits.min_batch
+        limit, reason = limits.min_batch, "%d, the job's min_batch, though even it may not fit (%s)" % (
+            limits.min_batch, reason)
     batch, steps, note = split_batch(limit, limits.target, limits.min_batch)
     if note:
-        reason += "; " + note
-    elif steps > 1 or batch != limit:
+        reason = "%d: %s (%s)" % (batch, note, reason) if batch != limit else reason + "; " + note
+    elif batch != limit:
+        reason = "%d x %d keeps the effective batch at %d, the largest such split within %d (%s)" % (
+            batch, steps, batch * steps, limit, reason)
+    elif steps > 1:
         reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
 
     num_workers, prefetch, worker_note = _workers(limits, workers or WorkerFacts(), pool, level, host_total_bytes,
@@ -199,12 +204,12 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
     if limit < current and outgrown_here and not reason.startswith("probing"):
         # The job's own steps at this batch say it no longer fits: go decisively below, and stay.
         if clear is not None and clear < limit and clear < current * (1 - cfg.min_gain):
-            limit, reason = max(1, clear), "%d fits no longer: its latest step plus the %.0f %% spread passes the " \
-                "%.2f GiB budget; down to %d, where it would fit" % (current, 100 * spread, budget / GiB, max(1, clear))
+            limit, reason = max(1, clear), "down to %d, where it would fit: %d fits no longer, its latest step plus " \
+                "the %.0f %% spread passes the %.2f GiB budget" % (max(1, clear), current, 100 * spread, budget / GiB)
         elif limit > current * (1 - cfg.min_gain):
             lower = max(1, int(current * (1 - cfg.min_gain)))
-            limit, reason = lower, "%d fits no longer: down to %d, %.0f %% below it (%s)" % (
-                current, lower, 100 * cfg.min_gain, reason)
+            limit, reason = lower, "down to %d, %.0f %% below %d, which fits no longer (%s)" % (
+                lower, 100 * cfg.min_gain, current, reason)
         cap = (current, limit, budget)
     return limit, reason, cap
 
@@ -252,8 +257,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
             % (max(first, 1), curve.fixed_bytes / GiB, curve.per_sample_bytes / GiB, budget / GiB))
     anchor = latest_batch or current or start
     if curve.source == "prior" and fits > anchor * cfg.max_growth:
-        return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
-            anchor, int(anchor * cfg.max_growth), fits)
+        return int(anchor * cfg.max_growth), "ramping to %d from %d, toward %d (the curve still leans on the " \
+            "prior)" % (int(anchor * cfg.max_growth), anchor, fits)
     widest = max((b for b, _ in curve.observed), default=anchor)
     if curve.source == "fit" and fits > widest * cfg.max_growth and (curve.confidence < SURE or curve.kills):
         # Few batch sizes and a slope the noise could explain (an allocator spike on one of two
@@ -264,7 +269,7 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         grow = int(widest * cfg.max_growth)
         why = "per-sample cost not yet certain: confidence %.2f" % curve.confidence if curve.confidence < SURE else \
             "an overshoot here is a kill: at most %gx the largest batch seen" % cfg.max_growth
-        return grow, "ramping %d -> %d toward %d (%s)" % (anchor, grow, fits, why)
+        return grow, "ramping to %d from %d, toward %d (%s)" % (grow, anchor, fits, why)
     batches = [b for b, _ in curve.observed]
     narrow = curve.source == "bound" or (
         curve.source == "fit" and curve.confidence < SURE and max(batches) < 2 * min(batches))
@@ -274,8 +279,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         # fixed from per-sample cost (one batch: the bound p/b is pessimistic when much of p is
         # fixed). One step at half the batch (always safe) measures the real slope.
         probe = anchor // 2
-        return probe, "probing %d -> %d for one step to learn the per-sample cost (%.2f GiB of the budget unused)" % (
-            anchor, probe, (budget - latest_peak) / GiB)
+        return probe, "probing %d, down from %d for one step, to learn the per-sample cost (%.2f GiB of the budget " \
+            "unused)" % (probe, anchor, (budget - latest_peak) / GiB)
     peak = curve.peak(max(fits, 1))
     seen = dict(curve.observed).get(fits)
     if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line

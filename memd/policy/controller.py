@@ -28,6 +28,11 @@ from .fit import Curve, largest
 from .pressure import rank
 
 SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped
+# The first batch of a job that gave no default, no target and no hint a prior can be drawn
+# from. Not 1: one sample's step is mostly the framework's memory (a CPU torch job's whole 0.36
+# GB at batch 1), so it teaches nothing of a sample's cost and leaves no smaller batch to
+# measure the slope against (the probe below halves the batch); 8 does both, and grows from there.
+FIRST_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> i
 def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, current: Optional[int],
                  latest_peak: Optional[int], latest_batch: Optional[int], cfg: PolicyConfig) -> Tuple[int, str]:
     """(limit, reason) from the curve and the budget alone."""
-    start = limits.default_batch or limits.target or limits.min_batch
+    start = limits.default_batch or limits.target or max(limits.min_batch, FIRST_BATCH)
     if limits.max_batch is not None:
         start = min(start, limits.max_batch)
     if curve is None or budget is None:
@@ -239,13 +244,16 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
                 "learning from the second" % (current or start)
         if current is not None and current != start:
             return current, "keeping %d: no memory curve yet" % current
-        return start, "starting at %d: no reports yet" % start
+        if limits.default_batch or limits.target:
+            return start, "starting at %d: no reports yet" % start
+        return start, "starting at %d: no reports yet, and no default_batch, target or model hints (memd's " \
+            "first batch is %d; it grows from the job's reports)" % (start, FIRST_BATCH)
     fits = curve.max_batch(budget)
     if curve.source == "remembered":
         # Earlier runs of this job in this pool learned it (and this run has not reported past
         # its warm-up yet): where they say it fits now, no higher than the largest batch they
         # ran, or than the job's own default if that is larger.
-        ran = max([b for b, _ in curve.observed] + [limits.default_batch or limits.target or 1])
+        ran = max([b for b, _ in curve.observed] + [limits.default_batch or limits.target or FIRST_BATCH])
         first = max(1, min(fits, ran))
         return first, "%d from earlier runs of this job: predicted peak %.2f GiB of a %.2f GiB budget" % (
             first, curve.peak(first) / GiB, budget / GiB)

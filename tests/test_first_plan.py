@@ -55,3 +55,10 @@ def test_a_session_without_a_default_is_planned_the_first_batch_by_the_real_daem
     with Session(job="gives-nothing", endpoint=memd.endpoint, timeout=2.0) as s:
         plan = s.plan()
     assert plan.source == "daemon" and plan.batch_size == FIRST_BATCH, plan
+
+
+def test_one_batch_size_is_shown_as_a_bound_not_as_a_cost_per_sample():
+    plan = _after_two_steps(FIRST_BATCH, AT_8, 2 * GiB)
+    assert plan.batch_size > FIRST_BATCH
+    assert plan.reason.startswith("%d fits: at most" % plan.batch_size), plan.reason
+    assert "counting all of the 0.30 GiB at 8 as its samples' until a second batch size" in plan.reason, plan.reason

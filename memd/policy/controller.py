@@ -294,6 +294,12 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
     if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line
         return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (
             fits, seen / GiB, budget / GiB)
+    if curve.source == "bound" and not curve.fixed_bytes:
+        # One batch size: not a cost per sample learned, a bound that counts the job's whole
+        # memory (the framework's too) as its samples'; the next batch size gives the slope.
+        return fits, "%d fits: at most %.2f GiB of a %.2f GiB budget, counting all of the %.2f GiB at %d as its " \
+            "samples' until a second batch size shows the cost of one" % (
+                fits, peak / GiB, budget / GiB, (latest_peak or 0) / GiB, latest_batch or anchor)
     return fits, "%d fits: predicted peak %.2f GiB of a %.2f GiB budget (%s from %d batch size%s)" % (
         fits, peak / GiB, budget / GiB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 

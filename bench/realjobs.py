@@ -14,9 +14,9 @@ of a given size (bench/memcg.py: v1 here, v2 where mounted), created and removed
   memd through the public client (reports, suggest_batch() alone, the training helpers), against
   one real `memd serve` started here with its embedded defaults (``report-restart``: the report
   run again under its job name, a restarted job that starts from what memd learned); accelerate's
-  find_executable_batch_size; Lightning's BatchSizeFinder (power, binsearch); the seeds' static
-  calculators (`memd estimate unified`, seed 000; `memd estimate transformer`, seed 003, for the
-  GPT-style job), run at the batch they print.
+  find_executable_batch_size; Lightning's BatchSizeFinder (power, binsearch); the static
+  calculators (static-unified: `memd estimate unified`; static-transformer: `memd estimate
+  transformer`, for the GPT-style job), run at the batch they print.
 
 Per method: the batch it trained at in the end, as a share of feasible; OOM errors it caught;
 OOM kills; the step (and seconds since the process started, imports included) after which its
@@ -319,7 +319,7 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
         if like in MEMD_METHODS:
             extra += ["--job", "bench-%s-%s-%d" % (row.name, like, os.getpid())]
         if method.startswith("static"):
-            batch = static_seed000(row) if method == "static-seed000" else static_seed003(row)
+            batch = static_seed000(row) if method in ("static-unified", "static-seed000") else static_seed003(row)
             if batch is None:
                 continue
             extra += ["--batch", str(batch)]
@@ -420,8 +420,8 @@ def plot(result: Dict, path: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated: %s" % ", ".join(ROWS))
-    parser.add_argument("--methods", default=",".join(MEMD_METHODS + PEER_METHODS + ("static-seed000",
-                                                                                      "static-seed003")))
+    parser.add_argument("--methods", default=",".join(MEMD_METHODS + PEER_METHODS + ("static-unified",
+                                                                                      "static-transformer")))
     parser.add_argument("--steps", type=int, default=30, help="training steps per method run")
     parser.add_argument("--probe-steps", type=int, default=20,
                         help="steps per probing run (a peak is a draw: a short probe passes batches a long run dies at)")

@@ -116,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
     def load():
         return config.load(args.config, flags=flags)
 
-    return daemon.serve(load(), reload=load)
+    return daemon.serve(config.load(args.config, flags=flags, starting=True), reload=load)
 
 
 def _status(args: argparse.Namespace) -> int:

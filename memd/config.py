@@ -9,6 +9,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional
@@ -94,8 +95,10 @@ class Config:
 
 
 def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
-         flags: Optional[Dict[str, Any]] = None) -> Config:
-    """Build the Config; raises ConfigError naming the offending key."""
+         flags: Optional[Dict[str, Any]] = None, starting: bool = False) -> Config:
+    """Build the Config; raises ConfigError naming the offending key. ``starting``: the daemon
+    is about to start with it, so the state directory must also be one it can write (a reload
+    keeps the directory it started with)."""
     env = os.environ if environ is None else environ
     values: Dict[str, Any] = {}
     policy: Dict[str, Any] = {}
@@ -109,7 +112,23 @@ def load(path: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
             values[name] = _coerce(Config, name, value, origins[name])
     config = Config(**values, policy=PolicyConfig(**policy))
     validate(config, origins)
+    if starting:
+        default = "$STATE_DIRECTORY" if env.get("STATE_DIRECTORY") else "the default"
+        check_state_dir(config.resolved_state_dir(), origins.get("state_dir", default))
     return config
+
+
+def check_state_dir(directory: str, origin: str) -> None:
+    """Refuse a state directory the daemon cannot write, at start: found at the first flush, a
+    daemon that had accepted it would lose every learned curve, with only a log line to say so."""
+    try:
+        os.makedirs(directory, mode=0o750, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".memd-probe.", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError("config key 'state_dir' %s is not a directory memd can write: %s (%s)" % (
+            directory, exc.strerror or exc, origin)) from None
 
 
 def _merge_file(path: str, values: Dict[str, Any], policy: Dict[str, Any], origins: Dict[str, str]) -> None:

@@ -271,8 +271,11 @@ def test_default_endpoint_rules(tmp_path):
     system = tmp_path / "run" / "memd.sock"
     assert protocol.default_endpoint({"MEMD_ENDPOINT": "tcp://127.0.0.1:5"}, str(system)) == "tcp://127.0.0.1:5"
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
-    assert protocol.default_endpoint(env, str(system)) == "ipc://%s/memd.sock" % tmp_path
-    assert protocol.default_endpoint({}, str(system)) == "ipc:///tmp/memd-%d/memd.sock" % __import__("os").getuid()
+    assert protocol.default_endpoint(env, str(system), euid=1000) == "ipc://%s/memd.sock" % tmp_path
+    assert protocol.default_endpoint({}, str(system), euid=1000) == "ipc:///tmp/memd-%d/memd.sock" % (
+        __import__("os").getuid())
+    # root looks where a daemon run as root binds, there or not yet (issue 14: /tmp/memd-0)
+    assert protocol.default_endpoint(env, str(system), euid=0) == "ipc://%s" % system
     system.parent.mkdir()
     system.write_bytes(b"")
     assert protocol.default_endpoint(env, str(system)) == "ipc://%s" % system

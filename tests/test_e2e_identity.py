@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from bench import memcg
+from memd.policy.controller import FIRST_BATCH
 from realdaemon import memd_env
 
 pytestmark = pytest.mark.skipif(memcg.available() is not None, reason="needs a writable memory cgroup (root): %s"
@@ -63,14 +64,14 @@ def test_a_job_in_a_small_cgroup_finds_its_curve_on_the_same_daemon_and_after_a_
         pytest.skip("the job's pool here is a GPU or unified memory, not its cgroup's share of host RAM")
     with memcg.MemoryCgroup(2 * GiB, name="memd-test-identity-%s" % uuid.uuid4().hex[:10]) as cg:  # removed on exit
         learned = run_job(cg, memd, learn=True)
-        assert learned["batch_size"] == 1 and "no reports yet" in learned["reason"], learned  # a stranger
+        assert learned["batch_size"] == FIRST_BATCH and "no reports yet" in learned["reason"], learned  # a stranger
         sessions_end(memd)
         for restart in (False, True):
             if restart:
                 assert memd.stop() == 0
                 memd.start()
             again = run_job(cg, memd, learn=False)
-            # Its first plan comes from its curve, within its 2 GiB: never its default 1, nor
+            # Its first plan comes from its curve, within its 2 GiB: never memd's first batch, nor
             # the 300 it ran, nor what the host's RAM would allow (about 1,000 on this host).
             assert again["source"] == "daemon" and "from earlier runs of this job" in again["reason"], (restart, again)
             assert 8 < again["batch_size"] < (2 * GiB - 200 * MB) / (10 * MB), (restart, again)

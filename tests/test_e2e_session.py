@@ -252,7 +252,7 @@ def test_learned_curve_survives_restart(memd):
         plan = s.plan()
     # Two batch sizes known from the last run: the fitted (not merely bounded) curve decides,
     # and growth in host memory goes at most 2x past the largest batch seen, 8.
-    assert plan.batch_size == 16 and "ramping 8 -> 16" in plan.reason, plan
+    assert plan.batch_size == 16 and "ramping to 16 from 8" in plan.reason, plan
 
 
 def test_an_oom_ceiling_survives_restart(memd):
@@ -327,7 +327,7 @@ def test_a_daemon_killed_outright_keeps_what_live_sessions_learned(start_memd):
         wait_for(lambda: session_view(memd, "survivor")["reports"] == 2)
         time.sleep(FRESH)
         plan = s.plan()
-    assert plan.batch_size == 16 and "ramping 8 -> 16" in plan.reason, plan  # 2x the killed run's widest, 8
+    assert plan.batch_size == 16 and "ramping to 16 from 8" in plan.reason, plan  # 2x the killed run's widest, 8
 
 
 SUGGEST_LOOP = r"""

@@ -7,7 +7,7 @@ from memd import ops
 from memd.config import Config, PolicyConfig
 from memd.core import Core
 from memd.planner import identify, plan_session
-from memd.policy.controller import ControlState, Limits
+from memd.policy.controller import FIRST_BATCH, ControlState, Limits
 from memd.policy.fit import Observation
 from memd.sampling.snapshot import CPU, DISCRETE, Gpu, GpuProcess, JobMemory, ProcessMemory, Snapshot, SystemMemory
 from memd.sessions import SessionRecord, Sessions
@@ -64,13 +64,13 @@ def test_a_job_in_a_cgroup_smaller_than_the_host_finds_what_it_learned(tmp_path)
     session = next(iter(core.sessions))
     # Its cgroup's 7 GiB, and its configuration (max_batch) after the "#"
     assert session.pool_key.startswith("cpu:7#") and session.cgroup.limit_bytes == 8 * GB
-    assert first["plan"]["batch_size"] == 1 and "no reports yet" in first["plan"]["reason"]  # nothing known yet
+    assert first["plan"]["batch_size"] == FIRST_BATCH and "no reports yet" in first["plan"]["reason"]  # nothing known
     ops.bye(core, {"token": first["token"]})
     assert core.store.recall("bounded", session.pool_key) is not None
     again = run(core, ())
     plan = again["plan"]
     # Its first plan starts from its curve, within its cgroup: the largest batch its first run
-    # ran (the curve allows about 680 in the group's 7 GB left), never its default 1 nor
+    # ran (the curve allows about 680 in the group's 7 GB left), never memd's first batch nor
     # anything from the host's 60 GB.
     assert plan["batch_size"] == 16 and "from earlier runs of this job" in plan["reason"], plan
     assert core.sessions.get(again["token"]).remembered

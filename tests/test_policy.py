@@ -284,7 +284,7 @@ def test_oom_cuts_a_quarter_holds_then_grows_back_to_the_ceiling():
     assert state.batch == 30 and state.ceiling == 39
     big = pool(free=70 * GB, own=0)
     d = decide(curve, big, limits, state, "ok", CFG, latest_peak=15 * GB, latest_batch=30)
-    assert d.plan.batch_size == 30 and "holding" in d.plan.reason
+    assert d.plan.batch_size == 30 and "held until 10 stable steps" in d.plan.reason
     state = d.state
     for _ in range(CFG.stable_steps):
         state = after_report(state, 30)

@@ -28,6 +28,11 @@ from .fit import Curve, largest
 from .pressure import rank
 
 SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped
+# The first batch of a job that gave no default, no target and no hint a prior can be drawn
+# from. Not 1: one sample's step is mostly the framework's memory (a CPU torch job's whole 0.36
+# GB at batch 1), so it teaches nothing of a sample's cost and leaves no smaller batch to
+# measure the slope against (the probe below halves the batch); 8 does both, and grows from there.
+FIRST_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -118,13 +123,13 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
             if state.stable < cfg.stable_steps:
-                limit, reason = state.batch, "holding %d after an out-of-memory error (%d/%d stable steps)" % (
-                    state.batch, state.stable, cfg.stable_steps)
+                limit, reason = state.batch, "%d after an out-of-memory error, held until %d stable steps " \
+                    "(%d so far)" % (state.batch, cfg.stable_steps, state.stable)
             else:  # back toward the ceiling in halving steps: the OOM said the room ends somewhere below it
                 step = state.batch + max(1, (min(limit, state.ceiling) - state.batch + 1) // 2)
                 if step < limit:
-                    limit, reason = step, "growing back %d -> %d toward the ceiling %d after %d stable steps" % (
-                        state.batch, step, state.ceiling, state.stable)
+                    limit, reason = step, "growing back to %d from %d, toward the ceiling %d, after %d stable steps" % (
+                        step, state.batch, state.ceiling, state.stable)
         if limit > state.ceiling:
             limit, reason = state.ceiling, "at the ceiling %d below the batch that ran out of memory" % state.ceiling
             at_ceiling = True
@@ -137,19 +142,24 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if level == "critical" and current is not None and not critical_cut:
         cut = max(limits.min_batch, int(current * (1 - cfg.oom_cut)))
         if cut < limit:
-            limit, reason = cut, "cut %d -> %d: memory pressure is critical" % (current, cut)
+            limit, reason = cut, "cut to %d from %d: memory pressure is critical" % (cut, current)
         critical_cut = True
 
+    # Every reason leads with the plan's own batch: a move that allowed another number says so
+    # after it ("growing back to 96" while the batch stays 64 read as a move that did not happen).
     if limits.max_batch is not None and limit > limits.max_batch:
-        limit = limits.max_batch
-        reason += "; capped at max_batch %d" % limits.max_batch
+        limit, reason = limits.max_batch, "%d, the job's max_batch (memory allows more: %s)" % (
+            limits.max_batch, reason)
     if limit < limits.min_batch:
-        reason += "; even min_batch %d may not fit" % limits.min_batch
-        limit = limits.min_batch
+        limit, reason = limits.min_batch, "%d, the job's min_batch, though even it may not fit (%s)" % (
+            limits.min_batch, reason)
     batch, steps, note = split_batch(limit, limits.target, limits.min_batch)
     if note:
-        reason += "; " + note
-    elif steps > 1 or batch != limit:
+        reason = "%d: %s (%s)" % (batch, note, reason) if batch != limit else reason + "; " + note
+    elif batch != limit:
+        reason = "%d x %d keeps the effective batch at %d, the largest such split within %d (%s)" % (
+            batch, steps, batch * steps, limit, reason)
+    elif steps > 1:
         reason += "; %d x %d keeps the effective batch at %d" % (batch, steps, batch * steps)
 
     num_workers, prefetch, worker_note = _workers(limits, workers or WorkerFacts(), pool, level, host_total_bytes,
@@ -190,12 +200,12 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
     if limit < current and outgrown_here and not reason.startswith("probing"):
         # The job's own steps at this batch say it no longer fits: go decisively below, and stay.
         if clear is not None and clear < limit and clear < current * (1 - cfg.min_gain):
-            limit, reason = max(1, clear), "%d fits no longer: its latest step plus the %.0f %% spread passes the " \
-                "%.2f GiB budget; down to %d, where it would fit" % (current, 100 * spread, budget / GiB, max(1, clear))
+            limit, reason = max(1, clear), "down to %d, where it would fit: %d fits no longer, its latest step plus " \
+                "the %.0f %% spread passes the %.2f GiB budget" % (max(1, clear), current, 100 * spread, budget / GiB)
         elif limit > current * (1 - cfg.min_gain):
             lower = max(1, int(current * (1 - cfg.min_gain)))
-            limit, reason = lower, "%d fits no longer: down to %d, %.0f %% below it (%s)" % (
-                current, lower, 100 * cfg.min_gain, reason)
+            limit, reason = lower, "down to %d, %.0f %% below %d, which fits no longer (%s)" % (
+                lower, 100 * cfg.min_gain, current, reason)
         cap = (current, limit, budget)
     return limit, reason, cap
 
@@ -215,7 +225,7 @@ def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> i
 def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, current: Optional[int],
                  latest_peak: Optional[int], latest_batch: Optional[int], cfg: PolicyConfig) -> Tuple[int, str]:
     """(limit, reason) from the curve and the budget alone."""
-    start = limits.default_batch or limits.target or limits.min_batch
+    start = limits.default_batch or limits.target or max(limits.min_batch, FIRST_BATCH)
     if limits.max_batch is not None:
         start = min(start, limits.max_batch)
     if curve is None or budget is None:
@@ -225,13 +235,16 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
                 "learning from the second" % (current or start)
         if current is not None and current != start:
             return current, "keeping %d: no memory curve yet" % current
-        return start, "starting at %d: no reports yet" % start
+        if limits.default_batch or limits.target:
+            return start, "starting at %d: no reports yet" % start
+        return start, "starting at %d: no reports yet, and no default_batch, target or model hints (memd's " \
+            "first batch is %d; it grows from the job's reports)" % (start, FIRST_BATCH)
     fits = curve.max_batch(budget)
     if curve.source == "remembered":
         # Earlier runs of this job in this pool learned it (and this run has not reported past
         # its warm-up yet): where they say it fits now, no higher than the largest batch they
         # ran, or than the job's own default if that is larger.
-        ran = max([b for b, _ in curve.observed] + [limits.default_batch or limits.target or 1])
+        ran = max([b for b, _ in curve.observed] + [limits.default_batch or limits.target or FIRST_BATCH])
         first = max(1, min(fits, ran))
         return first, "%d from earlier runs of this job: predicted peak %.2f GiB of a %.2f GiB budget" % (
             first, curve.peak(first) / GiB, budget / GiB)
@@ -243,8 +256,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
             % (max(first, 1), curve.fixed_bytes / GiB, curve.per_sample_bytes / GiB, budget / GiB))
     anchor = latest_batch or current or start
     if curve.source == "prior" and fits > anchor * cfg.max_growth:
-        return int(anchor * cfg.max_growth), "ramping %d -> %d toward %d (curve still leans on the prior)" % (
-            anchor, int(anchor * cfg.max_growth), fits)
+        return int(anchor * cfg.max_growth), "ramping to %d from %d, toward %d (the curve still leans on the " \
+            "prior)" % (int(anchor * cfg.max_growth), anchor, fits)
     widest = max((b for b, _ in curve.observed), default=anchor)
     if curve.source == "fit" and fits > widest * cfg.max_growth and (curve.confidence < SURE or curve.kills):
         # Few batch sizes and a slope the noise could explain (an allocator spike on one of two
@@ -255,7 +268,7 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         grow = int(widest * cfg.max_growth)
         why = "per-sample cost not yet certain: confidence %.2f" % curve.confidence if curve.confidence < SURE else \
             "an overshoot here is a kill: at most %gx the largest batch seen" % cfg.max_growth
-        return grow, "ramping %d -> %d toward %d (%s)" % (anchor, grow, fits, why)
+        return grow, "ramping to %d from %d, toward %d (%s)" % (grow, anchor, fits, why)
     batches = [b for b, _ in curve.observed]
     narrow = curve.source == "bound" or (
         curve.source == "fit" and curve.confidence < SURE and max(batches) < 2 * min(batches))
@@ -265,13 +278,19 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         # fixed from per-sample cost (one batch: the bound p/b is pessimistic when much of p is
         # fixed). One step at half the batch (always safe) measures the real slope.
         probe = anchor // 2
-        return probe, "probing %d -> %d for one step to learn the per-sample cost (%.2f GiB of the budget unused)" % (
-            anchor, probe, (budget - latest_peak) / GiB)
+        return probe, "probing %d, down from %d for one step, to learn the per-sample cost (%.2f GiB of the budget " \
+            "unused)" % (probe, anchor, (budget - latest_peak) / GiB)
     peak = curve.peak(max(fits, 1))
     seen = dict(curve.observed).get(fits)
     if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line
         return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (
             fits, seen / GiB, budget / GiB)
+    if curve.source == "bound" and not curve.fixed_bytes:
+        # One batch size: not a cost per sample learned, a bound that counts the job's whole
+        # memory (the framework's too) as its samples'; the next batch size gives the slope.
+        return fits, "%d fits: at most %.2f GiB of a %.2f GiB budget, counting all of the %.2f GiB at %d as its " \
+            "samples' until a second batch size shows the cost of one" % (
+                fits, peak / GiB, budget / GiB, (latest_peak or 0) / GiB, latest_batch or anchor)
     return fits, "%d fits: predicted peak %.2f GiB of a %.2f GiB budget (%s from %d batch size%s)" % (
         fits, peak / GiB, budget / GiB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 

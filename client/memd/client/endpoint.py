@@ -12,17 +12,20 @@ from typing import Mapping, Optional
 SYSTEM_SOCKET = "/run/memd/memd.sock"
 
 
-def default_endpoint(environ: Optional[Mapping[str, str]] = None, system_socket: Optional[str] = None) -> str:
+def default_endpoint(environ: Optional[Mapping[str, str]] = None, system_socket: Optional[str] = None,
+                     euid: Optional[int] = None) -> str:
     """The control endpoint that client and daemon both pick with no configuration.
 
     MEMD_ENDPOINT wins; then the system service's socket (``system_socket``, SYSTEM_SOCKET
-    unless a test names another) if it exists; then a per-user socket.
+    unless a test names another) if it exists, or for root (``euid`` 0) in any case: the daemon
+    run as root binds it, so a root job started before its daemon, and `memd status` or `memd
+    doctor` as root, look where it will be (they looked in /tmp/memd-0); then a per-user socket.
     """
     env = os.environ if environ is None else environ
     if env.get("MEMD_ENDPOINT"):
         return env["MEMD_ENDPOINT"]
     system = SYSTEM_SOCKET if system_socket is None else system_socket
-    if os.path.exists(system):
+    if os.path.exists(system) or (os.geteuid() if euid is None else euid) == 0:
         return "ipc://" + system
     return "ipc://" + user_socket_path(env)
 

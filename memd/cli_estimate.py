@@ -1,7 +1,8 @@
 """`memd estimate unified|accum|llm|transformer`: the seeds' calculators, done right.
 
-Human tables by default, --json for machines (GB are decimal GB, as in the seeds; byte fields
-end in _bytes). Bad input ends with one line on stderr and exit code 2, never a traceback.
+Human tables by default, in GiB as all of memd's human output; --json for machines. The
+calculators' inputs (the --*-gb flags) and JSON's *_gb fields are decimal GB, as in the seeds;
+byte fields end in _bytes. Bad input ends with one line on stderr and exit code 2, never a traceback.
 """
 from __future__ import annotations
 
@@ -141,23 +142,24 @@ def _unified(args: argparse.Namespace) -> int:
             batch = rules.discrete_initial_batch(args.memory_gb, args.resolution)
             data = {"memory_model": "discrete", "memory_gb": args.memory_gb, "resolution": args.resolution,
                     "batch_size": batch}
-            return _emit(args, data, ["discrete GPU, %g GB VRAM, %d px: initial batch %d"
-                                      % (args.memory_gb, args.resolution, batch)])
+            return _emit(args, data, ["discrete GPU, %.2f GiB VRAM (--memory-gb %g), %d px: initial batch %d"
+                                      % (_gib(args.memory_gb), args.memory_gb, args.resolution, batch)])
         r = rules.unified(args.memory_gb, args.model, args.resolution, args.workers, args.ema, args.quantization,
                         args.optimizer, args.full_finetune, args.dop, args.checkpointing, args.worker_gb,
                         args.os_reserve_gb)
     except EstimateError as exc:
         return _fail(args, exc)
     data = dict(asdict(r), memory_model="unified", memory_gb=args.memory_gb)
-    lines = ["unified memory %g GB, %s at %d px" % (args.memory_gb, r.model, r.resolution)]
+    lines = ["unified memory %.2f GiB (--memory-gb %g), %s at %d px" % (_gib(args.memory_gb), args.memory_gb,
+                                                                         r.model, r.resolution)]
     for name, value in (("model weights", r.weights_gb), ("optimizer states", r.optimizer_gb), ("EMA", r.ema_gb),
                         ("diff. output preservation", r.dop_gb), ("dataloader workers", r.workers_gb),
                         ("OS reserve", r.os_reserve_gb)):
-        lines.append("  %-28s %8.1f GB" % (name, value))
-    lines += ["  %-28s %8.1f GB" % ("total reserved", r.reserved_gb),
-              "  %-28s %8.2f GB  ((%g - %g) x 0.9)" % ("available for batches", r.available_gb, args.memory_gb,
-                                                        r.reserved_gb),
-              "  %-28s %8.2f GB" % ("memory per sample", r.per_sample_gb),
+        lines.append("  %-28s %8.2f GiB" % (name, _gib(value)))
+    lines += ["  %-28s %8.2f GiB" % ("total reserved", _gib(r.reserved_gb)),
+              "  %-28s %8.2f GiB  ((%.2f - %.2f) x 0.9)" % ("available for batches", _gib(r.available_gb),
+                                                             _gib(args.memory_gb), _gib(r.reserved_gb)),
+              "  %-28s %8.2f GiB" % ("memory per sample", _gib(r.per_sample_gb)),
               "  %-28s %8d" % ("fitting batch", r.fitting_batch),
               "batch size %d (start at %d)%s" % (r.batch_size, r.initial_batch_size,
                                                  "" if r.fits else ": NOT ENOUGH MEMORY for one sample")]
@@ -209,17 +211,23 @@ def _llm(args: argparse.Namespace) -> int:
                         ("gradients", r.grads_bytes), ("optimizer states", r.optimizer_bytes),
                         ("CUDA overhead", r.overhead_bytes), ("safety margin", r.margin_bytes),
                         ("total fixed", r.fixed_bytes)):
-        lines.append("  %-22s %9.2f GB" % (name, value / GB))
+        lines.append("  %-22s %9.2f GiB" % (name, value / GiB))
     if r.per_sample_bytes is not None:
-        lines.append("  %-22s %9.2f GB" % ("per sample", r.per_sample_bytes / GB))
+        lines.append("  %-22s %9.2f GiB" % ("per sample", r.per_sample_bytes / GiB))
     if r.max_batch is not None:
-        lines.append("largest batch on %g GB: %d%s" % (args.gpu_gb, r.max_batch,
-                                                      "" if r.max_batch else " (the fixed memory alone does not fit)"))
+        lines.append("largest batch on %.2f GiB (--gpu-gb %g): %d%s" % (
+            _gib(args.gpu_gb), args.gpu_gb, r.max_batch,
+            "" if r.max_batch else " (the fixed memory alone does not fit)"))
         return _emit(args, data, lines, fits=r.max_batch > 0)
     fits = args.gpu_gb is None or r.fixed_bytes <= args.gpu_gb * GB
     if not fits:
-        lines.append("the fixed memory alone does not fit in %g GB" % args.gpu_gb)
+        lines.append("the fixed memory alone does not fit in %.2f GiB (--gpu-gb %g)" % (_gib(args.gpu_gb), args.gpu_gb))
     return _emit(args, data, lines, fits=fits)
+
+
+def _gib(gb: float) -> float:
+    """Decimal GB (the calculators' unit) as GiB (the tables')."""
+    return gb * GB / GiB
 
 
 def _device(arg: str) -> Tuple[str, str]:

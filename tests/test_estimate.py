@@ -321,7 +321,9 @@ def test_cli_unified_examples():
     data = _json(base + ["--workers", "0", "--ema", "--quantization", "8bit"])
     assert (data["batch_size"], data["reserved_gb"], data["available_gb"], data["per_sample_gb"]) == (3, 51, 62.1, 16)
     human = run_memd(["estimate"] + base + ["--workers", "2", "--ema"])
-    assert human.returncode == 1 and "109.0" in human.stdout and "9.90" in human.stdout
+    # The table in GiB (the JSON keeps the calculator's decimal GB): 109 GB is 101.51 GiB, 9.9 GB 9.22 GiB
+    assert human.returncode == 1 and "101.51 GiB" in human.stdout and "9.22 GiB" in human.stdout
+    assert " GB" not in human.stdout.replace("--memory-gb", "")
     assert "NOT ENOUGH MEMORY for one sample" in human.stdout
 
 

@@ -78,6 +78,15 @@ def test_cli_human_output_is_in_gib(memd):
         sample = run_memd(["sample", "--pid", str(os.getpid())])
         assert sample.returncode == 0, sample.stderr
         outputs["sample"] = sample.stdout
+        for argv in (["unified", "--memory-gb", "128", "--model", "sdxl", "--resolution", "1024"],
+                     ["unified", "--memory-gb", "24", "--model", "sdxl", "--resolution", "1024", "--discrete"],
+                     ["llm", "--params", "7B", "--gpu-gb", "80"], ["llm", "--params", "1B", "--gpu-gb", "80",
+                                                                   "--per-sample-gb", "0.5"],
+                     ["transformer", "--layers", "12", "--d-model", "768", "--heads", "12", "--vocab", "50257",
+                      "--seq-len", "1024", "--batch", "8", "--device", "cpu"]):
+            out = run_memd(["estimate"] + argv)  # the calculators take decimal GB (--*-gb) and show GiB
+            assert "GiB" in out.stdout, (argv, out.stdout, out.stderr)
+            outputs["estimate " + argv[0]] = out.stdout.replace("--memory-gb", "").replace("--gpu-gb", "")
     assert outputs["reason"] and "units-job" in outputs["status"] and "GiB" in outputs["status"], outputs
     found = {k: DECIMAL.findall(v) for k, v in outputs.items() if DECIMAL.search(v)}
     assert not found, (found, outputs)

@@ -171,11 +171,10 @@ class Server:
             trim_heap()
 
     def _receive(self):
-        """One message: (its first MAX_FRAMES frames, how many more were dropped), its sender in
-        ``self.peer``. libzmq has the
-        whole message by now (it delivers none before the last frame), but frames beyond the
-        protocol's are neither copied nor kept: a 400-frame message was copied whole and echoed
-        back (80 MB each way). Raises zmq.Again when nothing waits."""
+        """One message: (its first MAX_FRAMES frames, how many more were dropped); its sender in
+        ``self.peer``. libzmq has the whole message by now (it delivers none before the last
+        frame), but frames beyond the protocol's are neither copied nor kept: a 400-frame message
+        was copied whole and echoed back (80 MB each way). Raises zmq.Again when nothing waits."""
         first = self.sock.recv(_NOBLOCK, copy=False)
         self.peer = _sender(first) if self._ipc_path is not None else None
         self.revoked = self.zap is not None and not self.zap.admits(_property(first, "User-Id"))

@@ -23,6 +23,7 @@ controller never jumps on a prior alone.
 """
 from __future__ import annotations
 
+import collections
 import math
 import statistics
 from dataclasses import dataclass, replace
@@ -152,8 +153,9 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     observation counts only while it is the only one: then nothing is fitted; a settling one
     only until a later report at its batch size exists."""
     observations = [o for o in observations if not o.warmup]
-    settled = {o.batch for o in observations if not o.settling}
-    observations = [o for o in observations if not (o.settling and o.batch in settled)]
+    if any(o.settling for o in observations):
+        settled = {o.batch for o in observations if not o.settling}
+        observations = [o for o in observations if not (o.settling and o.batch in settled)]
     points = aggregate(observations, forgive_spikes=not kills)
     if not points:
         if prior is None:
@@ -192,10 +194,10 @@ class Point(NamedTuple):
 
 def aggregate(observations: Iterable[Observation], forgive_spikes: bool = True) -> List[Point]:
     """The credible reports per batch size, ascending by batch."""
-    by_batch: Dict[int, List[int]] = {}
+    by_batch: Dict[int, List[int]] = collections.defaultdict(list)  # not setdefault's new list a report
     for obs in observations:
         if obs.batch >= 1 and obs.peak_bytes > 0:
-            by_batch.setdefault(obs.batch, []).append(obs.peak_bytes)
+            by_batch[obs.batch].append(obs.peak_bytes)
     keep = _without_isolated_spike if forgive_spikes else list
     return [Point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
 

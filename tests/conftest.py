@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 from hypothesis import settings
 
@@ -33,3 +35,14 @@ def start_memd(tmp_path):
     yield start
     for daemon in started:
         daemon.stop()
+
+
+@pytest.fixture
+def notify_socket(tmp_path):
+    """A real AF_UNIX datagram socket where systemd's NOTIFY_SOCKET would be: (path, socket)."""
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(0.1)
+    yield path, sock
+    sock.close()

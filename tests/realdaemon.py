@@ -134,3 +134,17 @@ class Daemon:
             return self.log_path.read_text()
         except OSError:
             return ""
+
+
+def receive_until(sock, predicate, timeout=10.0):
+    """Datagrams received (a notify socket's) until one satisfies ``predicate`` (that one last)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            seen.append(sock.recv(4096).decode())
+        except socket.timeout:
+            continue
+        if predicate(seen[-1]):
+            return seen
+    raise AssertionError("not received within %.0f s; got %r" % (timeout, seen))

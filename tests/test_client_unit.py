@@ -12,11 +12,16 @@ from memd.client.plan import Plan, fallback_plan, make_plan, split_batch
 from realdaemon import memd_env
 
 
+def in_fresh_python(code):
+    """``python -c code`` in a new interpreter (what it imports, prints): its completed process."""
+    return subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+
+
 def test_import_pulls_in_none_of_the_daemons_dependencies():
     code = ("import sys, json; import memd.client; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('psutil', 'pynvml', 'prometheus_client', 'structlog', 'torch'))))")
-    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    out = in_fresh_python(code)
     assert json.loads(out.stdout) == []
 
 
@@ -26,14 +31,14 @@ def test_the_plan_record_imports_no_transport():
     code = ("import sys, json; import memd.client.plan, memd.client.endpoint; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('zmq', 'msgpack') "
             "or m == 'memd.client.conversation')))")
-    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    out = in_fresh_python(code)
     assert json.loads(out.stdout) == []
 
 
 def test_every_public_name_is_there_on_first_use():
     code = ("import json; from memd import client; "
             "print(json.dumps([type(getattr(client, n)).__name__ for n in client.__all__ + ['protocol', 'curve']]))")
-    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    out = in_fresh_python(code)
     assert json.loads(out.stdout) == ["type", "type", "function", "function", "function", "function", "type", "type",
                                       "function", "function", "module", "module"]
 
@@ -138,7 +143,7 @@ def test_one_liners_are_told_apart_and_each_finds_itself_again():
 
 def test_the_default_job_of_real_python_c_and_python_m(tmp_path):
     code = "from memd import client; print(client.Session(endpoint='ipc://%s/none').job)" % tmp_path
-    ran = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    ran = in_fresh_python(code)
     assert ran.stdout.strip().startswith("python-c:"), ran.stdout
     (tmp_path / "jobpkg").mkdir()
     (tmp_path / "jobpkg" / "__init__.py").write_text("")
@@ -303,7 +308,7 @@ print(ok, before - rss())
 """
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc's malloc_trim is Linux's")
-    out = subprocess.run([sys.executable, "-c", code], env=memd_env(), capture_output=True, text=True, check=True)
+    out = in_fresh_python(code)
     ok, released = out.stdout.split()
     assert ok == "True" and int(released) > 60 * 2 ** 20
 

@@ -12,7 +12,7 @@ from memd.config import ConfigError
 from memd.notify import Notifier
 from memd.policy.fit import Observation
 from memd.state import StateStore
-from realdaemon import Daemon
+from realdaemon import Daemon, receive_until
 
 GB = 10 ** 9
 
@@ -126,27 +126,6 @@ def test_unwritable_state_dir_keeps_running(tmp_path):
 # -- systemd notification ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def notify_socket(tmp_path):
-    path = str(tmp_path / "notify.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(0.1)
-    yield path, sock
-    sock.close()
-
-
-def messages(sock, until, timeout=10.0):
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and until not in "\n".join(seen):
-        try:
-            seen.append(sock.recv(4096).decode())
-        except socket.timeout:
-            pass
-    return seen
-
-
 def test_notifier_protocol(notify_socket):
     path, sock = notify_socket
     n = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "3000000"})
@@ -162,12 +141,12 @@ def test_daemon_notifies_ready_watchdog_and_stopping(tmp_path, notify_socket):
     daemon = Daemon(tmp_path, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"})
     daemon.start()
     try:
-        seen = messages(sock, "WATCHDOG=1")
+        seen = receive_until(sock, lambda m: m == "WATCHDOG=1")
         assert seen[0].startswith("READY=1")
         assert seen.count("WATCHDOG=1") >= 1
     finally:
         assert daemon.stop() == 0
-    assert "STOPPING=1" in messages(sock, "STOPPING=1")
+    assert "STOPPING=1" in receive_until(sock, lambda m: m == "STOPPING=1")
 
 
 def _core_with_host(tmp_path, available):

@@ -9,7 +9,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import time
@@ -18,7 +17,7 @@ import pytest
 
 from memd.client import Session
 from promtools import ROOT, require
-from realdaemon import Daemon, wait_for
+from realdaemon import Daemon, receive_until, wait_for
 
 UNIT = os.path.join(ROOT, "systemd", "memd.service")
 EXEC = "/usr/local/bin/memd"
@@ -161,31 +160,6 @@ def test_unit_umask_gives_the_group_the_control_socket(tmp_path):
 
 
 # -- the daemon under a stand-in systemd -------------------------------------------------------
-
-
-@pytest.fixture
-def notify_socket(tmp_path):
-    """A real AF_UNIX datagram socket where systemd's NOTIFY_SOCKET would be."""
-    path = str(tmp_path / "notify.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(0.1)
-    yield path, sock
-    sock.close()
-
-
-def receive_until(sock, predicate, timeout=10.0):
-    """Datagrams received until one satisfies ``predicate`` (that one last)."""
-    seen = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            seen.append(sock.recv(4096).decode())
-        except socket.timeout:
-            continue
-        if predicate(seen[-1]):
-            return seen
-    raise AssertionError("not received within %.0f s; got %r" % (timeout, seen))
 
 
 def monotonic_usec():

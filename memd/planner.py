@@ -156,7 +156,7 @@ def share_for(session: SessionRecord, pool: budget.Pool, greedy: int, others: Ot
     if not others.number:
         return None
     room = greedy + pool.reserved_bytes + others.held
-    return max(session.peak_held_at(at), room - others.kept(room // (others.number + 1)))
+    return budget.share_beside(room, session.peak_held_at(at), others.number, others.kept)
 
 
 def curve_for(session: SessionRecord, noise: float = NOISE, kills: bool = False):

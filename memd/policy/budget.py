@@ -15,7 +15,7 @@ so the margin only covers what no report shows (kernel memory, others' growth be
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 from memd.config import PolicyConfig
 from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, JobMemory, Snapshot, gpu_bytes
@@ -68,9 +68,14 @@ def fair_share(room: int, own_held: int, others: Sequence[Tuple[int, Optional[in
     yet), so the first job to learn its curve cannot take the whole device from a second one
     that started with it; a job that wants little leaves the rest to the others.
     """
-    equal = room // (len(others) + 1)
-    kept = sum(max(held, equal if wanted is None else min(wanted, equal)) for held, wanted in others)
-    return max(own_held, room - kept)
+    return share_beside(room, own_held, len(others), lambda equal: sum(
+        max(held, equal if wanted is None else min(wanted, equal)) for held, wanted in others))
+
+
+def share_beside(room: int, own_held: int, number: int, kept: Callable[[int], int]) -> int:
+    """fair_share, given the ``number`` of other sessions and ``kept(equal)``, what they keep at
+    an equal share ``equal`` (the daemon reads it from sorted claims: memd.claims)."""
+    return max(own_held, room - kept(room // (number + 1)))
 
 
 def margin(capacity: int, cfg: PolicyConfig) -> int:

@@ -20,7 +20,7 @@ from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.growth import growth
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
-from memd.sessions import OWNER, SessionRecord
+from memd.sessions import KEY_OWNER, OWNER, SessionRecord
 from memd.units import GiB
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
@@ -80,10 +80,13 @@ def comparable(session: SessionRecord) -> str:
 
 
 def ownership(session: SessionRecord) -> str:
-    """"@uid:N", the user its process runs as ("" when not known: a session memd cannot watch,
-    whose learning is never kept). Curves are their owner's: another user's job of the same name
-    neither reads nor overwrites them, and a user who fills the store evicts their own first
-    (state.StateStore.remember)."""
+    """"@key:" and the CURVE key its client was admitted with (the daemon's own check, whether
+    or not it can watch the process), else "@uid:N", the user its process runs as ("" when
+    neither is known: a session memd cannot watch, whose learning is never kept). Curves are
+    their owner's: another user's (or key's) job of the same name neither reads nor overwrites
+    them, and an owner who fills the store evicts their own first (state.StateStore.remember)."""
+    if session.key is not None:
+        return KEY_OWNER + session.key
     return "" if session.owner is None else "%s%d" % (OWNER, session.owner)
 
 

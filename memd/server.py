@@ -79,6 +79,9 @@ class Server:
         # been taken off the allow-list since it connected.
         self.peer: Optional[Peer] = None
         self.revoked = False
+        # The sender's CURVE public key (Z85), as the allow-list admitted it: who a remote job is
+        # (its curves and its share of the slots are that key's); None without CURVE.
+        self.key: Optional[str] = None
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
@@ -177,7 +180,8 @@ class Server:
         was copied whole and echoed back (80 MB each way). Raises zmq.Again when nothing waits."""
         first = self.sock.recv(_NOBLOCK, copy=False)
         self.peer = _sender(first) if self._ipc_path is not None else None
-        self.revoked = self.zap is not None and not self.zap.admits(_property(first, "User-Id"))
+        self.key = _property(first, "User-Id") if self.zap is not None else None
+        self.revoked = self.zap is not None and not self.zap.admits(self.key)
         frames = [first.bytes]
         dropped = 0
         while self.sock.getsockopt(_RCVMORE):

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from memd.client import Refused, Session, call, curve, protocol
-from realdaemon import Daemon, free_port, wait_for
+from realdaemon import Daemon, free_port, run_memd, wait_for
 
 GB = 10 ** 9
 REMOTE = "trainer.elsewhere.example"  # a host the daemon cannot watch: planned from its reports
@@ -85,6 +85,9 @@ def test_a_remote_keys_curve_is_its_own_another_key_neither_reads_overwrites_nor
     # bob, a job of the same name: starts from nothing, learns beside alice's, replaces nothing
     assert "no reports yet" in remote_run(daemon, keys, "bob", "llama-ft", 3 * GB)
     assert owned(daemon, "llama-ft") == {alice: [[8, GB + 8 * 10 ** 8]], bob: [[8, 3 * GB]]}
+    shown = run_memd(["curves", "--endpoint", daemon.endpoint, "--server-key", keys["server_public"],
+                      "--client-key", keys["bob"]])
+    assert shown.returncode == 0 and "the client whose CURVE public key is %s" % keys["bob_public"] in shown.stdout
     # bob's forget drops bob's curve only; alice's next run starts from hers
     assert ask(daemon, keys, "bob", "forget", job="llama-ft")["forgotten"] == 1
     assert owned(daemon, "llama-ft") == {alice: [[8, GB + 8 * 10 ** 8]]}

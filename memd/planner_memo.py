@@ -27,7 +27,7 @@ class PlannerMemo:
     worker_evident: int = 0  # one worker's cost from evidence alone, while worker_level is None
     workers_read: Optional[float] = None  # the job read they were last updated from
     worker_counts: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
-    # (job read's monotonic time, capacity, free + held) of the last two reads of a host pool
-    # (planner.steadied)
-    # (planner.steadied), and of the reads before for the lowest within the horizon (planner.room_dip)
+    # (job read's monotonic time, capacity, free + what the trainer holds, the workers' own memory)
+    # of a host pool's reads: the last two for planner.steadied, those within the horizon for
+    # planner.room_dip
     rooms: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=32))

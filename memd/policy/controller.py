@@ -128,27 +128,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
         limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise)
 
-    if unproven is not None and limit > max(current or 0, unproven):
-        held, facts = max(current or 0, unproven), workers or WorkerFacts()
-        limit, reason = held, "holding %d: its %d workers are still copying their dataset, and until they level " \
-            "off each may come to %.2f GiB" % (held, _running(facts), (_per_worker(facts) or 0) / GiB)
-    if (workers is not None and current is not None and limit > current and workers.growth > 0
-            and workers.growth > SETTLED * _running(workers) * (_per_worker(workers) or 0)):
-        # The pool and the workers are read apart (the group every sample, each worker's pages
-        # at the job's read): while fresh workers copy tens of MiB a second, their room read 0.14
-        # GiB high at the moment the benchmark's loop was planned 209 where 87 had just fit.
-        limit, reason = current, "keeping %d: its workers are still growing (%.2f GiB within seconds), and " \
-            "growth waits until they settle" % (current, workers.growth / GiB)
-    if grow_dip > 0 and budget is not None and current is not None and limit > current:
-        low, _ = _memory_move(curve, budget - grow_dip, limits, current, latest_peak, latest_batch, cfg)
-        if low < limit * (1 - cfg.min_gain):
-            if low <= current:
-                limit, reason = current, "keeping %d: its room was %.2f GiB lower within the last %.0f s (its " \
-                    "workers come and go): growth waits for room that lasts" % (
-                        current, grow_dip / GiB, cfg.worker_horizon_seconds)
-            else:
-                limit, reason = low, "%d: where its room was lowest within the last %.0f s (%.2f GiB below now, as " \
-                    "its workers come and go)" % (low, cfg.worker_horizon_seconds, grow_dip / GiB)
+    if workers is not None and current is not None:
+        limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
+                                               limits, latest_peak, latest_batch, cfg)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -202,6 +184,34 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     predicted = curve.peak(batch) if curve is not None else None
     new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap)
     return Decision(plan, new_state, budget, predicted, at_ceiling)
+
+
+def _growth_beside_workers(limit: int, reason: str, current: int, workers: WorkerFacts, unproven: Optional[int],
+                           dip: int, curve: Optional[Curve], budget: Optional[int], limits: Limits,
+                           latest_peak: Optional[int], latest_batch: Optional[int],
+                           cfg: PolicyConfig) -> Tuple[int, str]:
+    """Where growth waits beside dataloader workers; cuts never do. Until the workers show their
+    level, their projection to all they map caps it (``unproven``, _beside_workers). While they
+    copy fast it waits: the pool and the workers are read apart (the group every sample, each
+    worker's pages at the job's read), and while fresh workers copied tens of MiB a second their
+    room read 0.14 GiB high at the moment the benchmark's loop was planned 209 where 87 had just
+    fit. And it goes no further than the lowest room within the horizon (``dip``, planner.room_dip)."""
+    if unproven is not None and limit > max(current, unproven):
+        held = max(current, unproven)
+        return held, "holding %d: its %d workers are still copying their dataset, and until they level off each " \
+            "may come to %.2f GiB" % (held, _running(workers), (_per_worker(workers) or 0) / GiB)
+    if limit > current and workers.growth > SETTLED * _running(workers) * (_per_worker(workers) or 0):
+        return current, "keeping %d: its workers are still growing (%.2f GiB within seconds), and growth waits " \
+            "until they settle" % (current, workers.growth / GiB)
+    if dip > 0 and budget is not None and limit > current:
+        low, _ = _memory_move(curve, budget - dip, limits, current, latest_peak, latest_batch, cfg)
+        if low <= current:
+            return current, "keeping %d: its room was %.2f GiB lower within the last %.0f s (its workers come and " \
+                "go): growth waits for room that lasts" % (current, dip / GiB, cfg.worker_horizon_seconds)
+        if low < limit * (1 - cfg.min_gain):
+            return low, "%d: where its room was lowest within the last %.0f s (%.2f GiB below now, as its " \
+                "workers come and go)" % (low, cfg.worker_horizon_seconds, dip / GiB)
+    return limit, reason
 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,

@@ -271,7 +271,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     decision = decide(
         curve, None if gpu_gone or unread or gpu_unknown else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
-        held_peak=held_now, settling=_settling(session), budget_bytes=kept,
+        held_peak=held_now, settling=settling(session), budget_bytes=kept,
         workers=workers, grow_dip=dip,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
@@ -386,10 +386,11 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        growth=memo.worker_growth if job is not None else 0, follows=session.follows_workers)
 
 
-def _settling(session: SessionRecord) -> bool:
+def settling(session: SessionRecord) -> bool:
     """The planned batch has not run twice yet: the job's latest report is its first there since
     a change, or is still below it (a loader delivers the batches it prefetched at the old size
-    first), so growth waits for what the planned batch costs."""
+    first), so growth waits for what the planned batch costs (the report that ends it is decided
+    on at once: memd.ops.session_ops.as_planned)."""
     last = session.observations[-1] if session.observations else None
     planned = session.state.batch
     return last is not None and planned is not None and (

@@ -194,6 +194,38 @@ def test_a_step_that_went_as_planned_is_decided_on_at_the_next_sample(tmp_path, 
     assert len(decided) == 3  # a new sample: the plan call decided, on everything reported
 
 
+def test_the_step_a_plan_holds_for_is_decided_on_at_once(tmp_path, monkeypatch):
+    """A plan that waits for a second step at its new batch, or for the clean steps after an
+    out-of-memory cut, changes with the step that ends the wait: that step is decided on at once,
+    even on the plan's own sample and within its prediction. Deferred to the next sample (as_planned),
+    the reply and every plan until then said "keeping 32 until a second step there" after it."""
+    core, clock = core_for(tmp_path)
+    token = ops.hello(core, hello())["token"]
+    learn(core, token)
+    resample(core, clock)
+    batch = ops.plan(core, {"token": token})["plan"]["batch_size"]
+    assert batch > 16
+    decided = []
+    real = memo.plan_session
+    monkeypatch.setattr(memo, "plan_session", lambda *a: decided.append(1) or real(*a))
+
+    def step(batch):
+        return ops.report(core, {"token": token, "batch_size": batch, "peak_bytes": GB + batch * GB // 10})["plan"]
+
+    assert step(batch)["batch_size"] == batch and decided == []  # its first step there: the plan still waits
+    grown = step(batch)  # the second: the wait is over
+    assert decided == [1] and grown["batch_size"] > batch, grown
+    assert ops.plan(core, {"token": token})["plan"] == grown  # and a plan call says the same
+    stable = core.config.policy.stable_steps
+    cut = ops.oom(core, {"token": token, "batch_size": grown["batch_size"]})["plan"]["batch_size"]
+    decided.clear()
+    for _ in range(stable - 1):
+        step(cut)
+    assert len(decided) < stable - 1  # steps at the cut that go as planned wait for the next sample
+    held = len(decided)
+    assert step(cut)["batch_size"] > cut and len(decided) == held + 1  # the last of the stable steps: grows back
+
+
 def test_a_rejoining_job_keeps_its_running_batch_under_a_remembered_ceiling_and_bad_input_changes_nothing(tmp_path):
     core, _ = core_for(tmp_path)
     token = ops.hello(core, hello())["token"]

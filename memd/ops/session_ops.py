@@ -16,7 +16,7 @@ from memd.client.counts import at_least
 from memd.core import Core
 from memd.ops import fields, lifecycle, memo, watch
 from memd.ops.fields import Invalid
-from memd.planner import check_remembered, identify, prior_from_hints
+from memd.planner import check_remembered, identify, prior_from_hints, settling
 from memd.policy.controller import ControlState, Limits, after_oom, after_report
 from memd.policy.fit import Observation
 from memd.sampling import procs
@@ -215,6 +215,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
         session.batch_bytes = batch_bytes
     if peak is None:
         peak = watch.measure_peak(core, session)
+    waiting = settling(session)  # the plan waits for a second step at its batch
     if peak:
         observation = Observation(batch, peak, base, warmup=not session.observations,
                                   settling=session.latest_batch is not None and batch != session.latest_batch)
@@ -229,22 +230,31 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
         session.ceiling_steps += 1  # a clean step held at its ceiling (SessionRecord.learned)
     session.state = after_report(session.state, batch)
     planned = session.plan
-    if planned is not None and as_planned(core, session, batch, peak):
+    if planned is not None and as_planned(core, session, batch, peak, waiting):
         return {"plan": planned.to_wire()}
     core.epoch += 1
     return {"plan": memo.decide(core, session).plan.to_wire()}
 
 
-def as_planned(core: Core, session: SessionRecord, batch: int, peak: Optional[int]) -> bool:
+def as_planned(core: Core, session: SessionRecord, batch: int, peak: Optional[int], waiting: bool) -> bool:
     """A step that went as its plan predicted (at the planned batch, its peak within the
     predicted one) decided on the same sample of the machine as the plan: it is learned from at
     the next decision, a sample (``interval``) later at most, not now. A job reports every step
     (10 a second is common) and the daemon samples 5 times a second, so this halves the
     decisions; each costs more with every session in the pool (0.3 ms with 256 in one, where
     the issue's capacity goal is 256 jobs x 10 reports a second in half a core). A step that
-    ran over its prediction, or at another batch, is decided on at once."""
+    ran over its prediction, or at another batch, is decided on at once.
+
+    So is the step a plan was holding for (``waiting``: the plan waited for a second step at its
+    batch, planner.settling; or the last clean step an out-of-memory cut holds for): it changes
+    the plan, not just the curve. Deferred, the reply to that step and every plan until the
+    next sample said "keeping 189 until a second step there" while status counted both steps,
+    and the budget the plan was decided on allowed 266."""
     decided = session.decided
-    return (decided is not None and decided[0][0] is core.snapshot and session.plan is not None
+    state = session.state
+    ends_hold = (waiting and not settling(session)) or (
+        state.ceiling is not None and state.stable == core.config.policy.stable_steps)
+    return (not ends_hold and decided is not None and decided[0][0] is core.snapshot and session.plan is not None
             and batch == session.plan.batch_size and peak is not None and session.predicted_peak_bytes is not None
             and peak <= session.predicted_peak_bytes)
 

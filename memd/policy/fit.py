@@ -24,6 +24,7 @@ controller never jumps on a prior alone.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, replace
@@ -114,7 +115,10 @@ class Curve:
         batch whose highest report, plus the noise, fits is kept whatever the line says: the
         budget already keeps a margin free, and the line may be unsure of a slope that the noise
         hides."""
-        fits = largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes)
+        # Both line and floor grow with the batch (their slopes are >= 0), so the search may
+        # start where the line alone meets the budget: a few steps, not twenty.
+        fits = largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes,
+                       near=_meets(self.fixed_bytes, self.per_sample_bytes, budget_bytes))
         seen = [s for s, top in self.observed
                 if top * (1 + self.noise) <= budget_bytes and s > fits and self.floor(s) <= budget_bytes]
         return max(seen + [fits])
@@ -123,13 +127,28 @@ class Curve:
 LARGEST = 1 << 20  # no batch is larger
 
 
-def largest(ok: Callable[[int], bool]) -> int:
-    """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails)."""
-    if not ok(1):
-        return 0
-    if ok(LARGEST):
-        return LARGEST
-    lo, hi = 1, LARGEST  # ok(lo), not ok(hi)
+def _meets(fixed: float, per_sample: float, budget: float) -> Optional[int]:
+    """Where fixed + per_sample x b meets ``budget``, within [1, LARGEST); None when it never does."""
+    if not per_sample > 0:
+        return None
+    at = (budget - fixed) / per_sample
+    return None if at != at else 1 if at < 1 else LARGEST - 1 if at >= LARGEST else int(at)  # at != at: NaN
+
+
+def largest(ok: Callable[[int], bool], near: Optional[int] = None) -> int:
+    """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails).
+    ``near``: a guess to search from (galloping out of it, then halving), the same answer in
+    about 2 log2(distance) calls of ok instead of 21 where the guess is close."""
+    if near is not None and 1 <= near < LARGEST:
+        lo, hi = _bracket(ok, near)
+        if lo == 0 or hi == LARGEST + 1:
+            return lo if lo == 0 else LARGEST
+    else:
+        if not ok(1):
+            return 0
+        if ok(LARGEST):
+            return LARGEST
+        lo, hi = 1, LARGEST  # ok(lo), not ok(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(mid):
@@ -137,6 +156,29 @@ def largest(ok: Callable[[int], bool]) -> int:
         else:
             hi = mid
     return lo
+
+
+def _bracket(ok: Callable[[int], bool], near: int) -> Tuple[int, int]:
+    """(lo, hi) around the edge of ok, out from ``near``: ok(lo) and not ok(hi), with lo 0 when
+    ok(1) fails and hi LARGEST + 1 when ok(LARGEST) holds."""
+    step = 1
+    if ok(near):
+        lo = near
+        while True:
+            hi = lo + step
+            if hi >= LARGEST:
+                return (LARGEST, LARGEST + 1) if ok(LARGEST) else (lo, LARGEST)
+            if not ok(hi):
+                return lo, hi
+            lo, step = hi, step * 2
+    hi = near
+    while True:
+        lo = hi - step
+        if lo <= 1:
+            return (1, hi) if ok(1) else (0, hi)
+        if ok(lo):
+            return lo, hi
+        hi, step = lo, step * 2
 
 
 @dataclass(frozen=True)
@@ -179,17 +221,25 @@ def assumed_spread(points: Sequence["Point"], noise: float) -> float:
 
 
 class Point(NamedTuple):
-    """One batch size's credible reports (ascending)."""
+    """One batch size's credible reports (ascending), with what every fit reads of them worked
+    out once (point() makes one): a fit reads each batch size's median a dozen times."""
     batch: int
     peaks: Tuple[int, ...]
+    middle: float  # the median report
+    mean: float
+    scatter: Tuple[float, ...]  # each report's squared distance from the mean, in order
 
     @property
     def top(self) -> float:
         return float(self.peaks[-1])
 
-    @property
-    def middle(self) -> float:
-        return float(statistics.median(self.peaks))
+
+def point(batch: int, peaks: Tuple[int, ...]) -> Point:
+    """``peaks`` sorted: their median and mean as statistics.median and fmean give them."""
+    n = len(peaks)
+    mean = math.fsum(peaks) / n
+    middle = peaks[n // 2] if n % 2 else (peaks[n // 2 - 1] + peaks[n // 2]) / 2
+    return Point(batch, peaks, float(middle), mean, tuple([(peak - mean) ** 2 for peak in peaks]))
 
 
 def aggregate(observations: Iterable[Observation], forgive_spikes: bool = True) -> List[Point]:
@@ -199,7 +249,7 @@ def aggregate(observations: Iterable[Observation], forgive_spikes: bool = True) 
         if obs.batch >= 1 and obs.peak_bytes > 0:
             by_batch[obs.batch].append(obs.peak_bytes)
     keep = _without_isolated_spike if forgive_spikes else list
-    return [Point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
+    return [point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
 
 
 def _without_isolated_spike(peaks: List[int]) -> List[int]:
@@ -248,6 +298,25 @@ def _without_spiked_batch(points: List[Point], noise: float = NOISE) -> List[Poi
         if max(residuals) <= 0.03 and excess > band and excess > worst_excess:
             worst, worst_excess = i, excess
     return points if worst is None else points[:worst] + points[worst + 1:]
+
+
+def excess_at(points: Sequence[Point], middles: Sequence[float], high: float) -> float:
+    """The ``high`` quantile of the reports' excess over their batch size's ``middles`` (at least
+    0). At the highest (``high`` 1, where an overshoot kills) over positive middles, that is the
+    excess of each batch size's top report: peaks are sorted and dividing by a positive number
+    keeps their order, so the same float comes without a quotient and a sort for every report
+    (excess_sorted, the general way, gives it too)."""
+    if high >= 1.0 and all(at > 0 for at in middles):
+        return max(0.0, max(p.peaks[-1] / at - 1 for p, at in zip(points, middles)))
+    return excess_sorted(points, middles, high)
+
+
+def excess_sorted(points: Sequence[Point], middles: Sequence[float], high: float) -> float:
+    excess: List[float] = []
+    for p, at in zip(points, middles):
+        excess += [peak / at - 1 for peak in p.peaks]
+    excess.sort()
+    return max(0.0, excess[min(len(excess) - 1, int(high * len(excess)))])
 
 
 def _ols(xs: Sequence[float], ys: Sequence[float]) -> Optional[Tuple[float, float]]:
@@ -312,8 +381,7 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
     # scatter (the batch sizes' around the line, the reports' around their batch's) takes over
     # as it reports more, never below a tenth of the assumed level.
     residual2 = sum(k * (y - (my + slope * (x - mx))) ** 2 for k, x, y in zip(ws, xs, ys))
-    means = [statistics.fmean(p.peaks) for p in points]  # once a batch size: 64 reports at one were 64 x 64
-    residual2 += sum((peak - mean) ** 2 for p, mean in zip(points, means) for peak in p.peaks)
+    residual2 += sum(itertools.chain.from_iterable(p.scatter for p in points))  # (peak - mean) ** 2, in order
     sigma = max(math.sqrt((PRIOR_POINTS * (NOISE * my) ** 2 + residual2) / (PRIOR_POINTS + w - 2)), NOISE * my / 10)
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
@@ -330,9 +398,7 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
     # (the step from 32 to 178 cost more per sample than the rest); taken as headroom for every
     # batch, that excess left a fifth of its 2 GiB group unused.
     upper = [p for p in points if p.batch * LOCAL >= points[-1].batch]
-    excess = sorted(peak / at - 1 for p in upper for at in (middle(p.batch),) for peak in p.peaks)
-    seen = max(0.0, excess[min(len(excess) - 1, int(high * len(excess)))])
-    headroom = max(seen, spread)
+    headroom = max(excess_at(upper, [middle(p.batch) for p in upper], high), spread)
     cap = None
     if base is not None:
         # Memory held between steps is batch-independent: (peak - base) / batch bounds

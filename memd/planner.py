@@ -17,6 +17,7 @@ from memd.config import PolicyConfig
 from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
+from memd.policy.frozen import evolve
 from memd.policy.growth import growth
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
@@ -194,7 +195,7 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
     if not rooms or rooms[-1][0] != job.monotonic:
         rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes))
     room = max(r for _, capacity, r in rooms if capacity == pool.capacity_bytes)  # one pool's reads only
-    return replace(pool, free_bytes=max(0, room - pool.own_bytes))
+    return evolve(pool, free_bytes=max(0, room - pool.own_bytes))
 
 
 def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, sessions: Iterable[SessionRecord],

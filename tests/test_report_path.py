@@ -126,7 +126,10 @@ def test_the_line_through_maps_is_the_line_through_generators(reports, kills, ba
     if len(points) < 2:
         return
     high = 1.0 if kills else fitting.HIGH
-    assert repr(fitting._line(points, base, spread, high)) == repr(line_as_it_was(points, base, spread, high))
+    whole = line_as_it_was(points, base, spread, high)
+    assert repr(fitting._line(points, base, spread, high)) == repr(whole)
+    # where the batch sizes near the largest draw the curve, all read of this line is its two numbers
+    assert repr(fitting._raised(points, spread, high)) == repr((whole.fixed_bytes, whole.per_sample_bytes))
 
 
 @settings(max_examples=200, deadline=None)

@@ -368,33 +368,30 @@ def _near_the_largest(points: List[Point], base: Optional[float], spread: float,
     through all of them. Drawn through all, the embedding row's line (0.41 MiB a sample from 256
     to 3480, 0.33 from 6501 to 8714) stood 150-180 MiB above the steps that ran at 9123-9465 in
     its 8 GiB group, and held the job at 92 % of the batch that fits."""
-    every = _line(points, base, spread, high)
-    near = [p for p in points if p.batch * LOCAL >= points[-1].batch]
+    near = _near(points)
     if len(near) < 3 or len(near) == len(points) or near[0].batch * SPAN > near[-1].batch:
-        return every
-    return evolve(_line(near, base, spread, high), left=(near[0].batch, every.fixed_bytes, every.per_sample_bytes))
+        return _line(points, base, spread, high)
+    return _line(near, base, spread, high, left=(near[0].batch,) + _raised(points, spread, high))
 
 
-_middle = operator.attrgetter("middle")
+def _near(points: List[Point]) -> List[Point]:
+    """The batch sizes within LOCAL of the largest: a tail of ``points``, which are ascending."""
+    last, at = points[-1].batch, len(points)
+    while at and points[at - 1].batch * LOCAL >= last:
+        at -= 1
+    return points[at:]
+
+
+_middle, _peaks = operator.attrgetter("middle"), operator.attrgetter("peaks")
 _TWOS = itertools.repeat(2)  # the exponent of each square in _line's sums
 
 
-def _line(points: List[Point], base: Optional[float], spread: float, high: float = HIGH) -> Curve:
+def _line(points: List[Point], base: Optional[float], spread: float, high: float = HIGH,
+          left: Optional[Tuple[int, float, float]] = None) -> Curve:
     """The middle line through the batch sizes' median reports, raised by the headroom a step
     needs above it (a high quantile of the reports' excess, robust to rare spikes) and widened
     by the line's confidence band."""
-    # The sums below run over map()s, not generators (a fit's time went to them), term by term
-    # as k * (x - mx) ** 2 and the rest are written: the same floats in the same order.
-    xs = [float(p.batch) for p in points]
-    ys = list(map(_middle, points))
-    ws = [len(p.peaks) for p in points]  # a median of k reports is k times as sure (about)
-    n, w = len(points), sum(ws)
-    mx: float = sum(map(operator.mul, ws, xs)) / w
-    my: float = sum(map(operator.mul, ws, ys)) / w
-    dx = [x - mx for x in xs]
-    sxx: float = sum(map(operator.mul, ws, map(pow, dx, _TWOS)))  # k * (x - mx) ** 2
-    # k * (x - mx) * (y - my)
-    slope: float = sum(map(operator.mul, map(operator.mul, ws, dx), [y - my for y in ys])) / sxx
+    ys, ws, w, mx, my, dx, sxx, slope = _fitted(points)
     # Per-report noise: the assumed level counts as PRIOR_POINTS residuals; the job's own
     # scatter (the batch sizes' around the line, the reports' around their batch's) takes over
     # as it reports more, never below a tenth of the assumed level.
@@ -404,19 +401,7 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
     confidence = slope / (slope + Z * se) if slope + Z * se > 0 else 1.0  # 1 when the data pin the slope down
-
-    def middle(x: float) -> float:
-        return my + slope * (x - mx)
-
-    # Headroom of one step over the middle line: the ``high`` quantile of the reports' excess
-    # (the 90th, ignoring rare spikes, where an overshoot can be caught; the highest where it
-    # kills), and never less than the spread assumed (assumed_spread). Measured where planning
-    # works, at the batch sizes within LOCAL of the largest, as a share of the peak there: real
-    # curves bend, and a CNN's line from batch 32 to 1279 stood 200 MiB below its report at 358
-    # (the step from 32 to 178 cost more per sample than the rest); taken as headroom for every
-    # batch, that excess left a fifth of its 2 GiB group unused.
-    upper = [p for p in points if p.batch * LOCAL >= points[-1].batch]
-    headroom = max(excess_at(upper, [middle(p.batch) for p in upper], high), spread)
+    headroom = _headroom(points, mx, my, slope, spread, high)
     cap = None
     if base is not None:
         # Memory held between steps is batch-independent: (peak - base) / batch bounds
@@ -424,5 +409,44 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
         bound = max(0.0, max((p.top - base) / p.batch for p in points))
         cap = (max(p.top - bound * p.batch for p in points), bound)
     scale = 1 + headroom
-    return Curve(max(0.0, (my - slope * mx) * scale), slope * scale, "fit", n, round(max(0.0, min(1.0, confidence)), 3),
-                 band=(Z * sigma, w, mx, sxx), cap=cap)
+    return Curve(max(0.0, (my - slope * mx) * scale), slope * scale, "fit", len(points),
+                 round(max(0.0, min(1.0, confidence)), 3), band=(Z * sigma, w, mx, sxx), cap=cap, left=left)
+
+
+def _raised(points: List[Point], spread: float, high: float) -> Tuple[float, float]:
+    """(fixed_bytes, per_sample_bytes) of _line(points, ...), all that the line through every
+    batch size is read for where the ones near the largest draw the curve (its left)."""
+    _, _, _, mx, my, _, _, slope = _fitted(points)
+    slope = max(0.0, slope)
+    scale = 1 + _headroom(points, mx, my, slope, spread, high)
+    return max(0.0, (my - slope * mx) * scale), slope * scale
+
+
+def _fitted(points: List[Point]) -> Tuple[List[float], List[int], int, float, float, List[float], float, float]:
+    """The least-squares line through the batch sizes' medians, each weighted by its reports:
+    (medians, weights, their sum, mean batch, mean median, each batch less the mean, Sxx, slope).
+    The sums run over map()s, not generators (a fit's time went to them), term by term as
+    k * (x - mx) ** 2 and the rest are written: the same floats in the same order."""
+    xs = [float(p.batch) for p in points]
+    ys = list(map(_middle, points))
+    ws = list(map(len, map(_peaks, points)))  # a median of k reports is k times as sure (about)
+    w = sum(ws)
+    mx: float = sum(map(operator.mul, ws, xs)) / w
+    my: float = sum(map(operator.mul, ws, ys)) / w
+    dx = [x - mx for x in xs]
+    sxx: float = sum(map(operator.mul, ws, map(pow, dx, _TWOS)))  # k * (x - mx) ** 2
+    # k * (x - mx) * (y - my)
+    slope: float = sum(map(operator.mul, map(operator.mul, ws, dx), [y - my for y in ys])) / sxx
+    return ys, ws, w, mx, my, dx, sxx, slope
+
+
+def _headroom(points: List[Point], mx: float, my: float, slope: float, spread: float, high: float) -> float:
+    """Headroom of one step over the middle line (my + slope (x - mx)): the ``high`` quantile of
+    the reports' excess (the 90th, ignoring rare spikes, where an overshoot can be caught; the
+    highest where it kills), and never less than the spread assumed (assumed_spread). Measured
+    where planning works, at the batch sizes within LOCAL of the largest, as a share of the peak
+    there: real curves bend, and a CNN's line from batch 32 to 1279 stood 200 MiB below its
+    report at 358 (the step from 32 to 178 cost more per sample than the rest); taken as
+    headroom for every batch, that excess left a fifth of its 2 GiB group unused."""
+    upper = _near(points)
+    return max(excess_at(upper, [my + slope * (p.batch - mx) for p in upper], high), spread)

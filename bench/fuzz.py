@@ -64,8 +64,8 @@ OP_FIELDS: Dict[str, Dict[str, str]] = {
                "step": "int", "step_seconds": "number", "loader_workers": "int"},
     "oom": {"token": "token", "batch_size": "int"},
     "bye": {"token": "token"},
-    "status": {}, "ping": {},
-    "curves": {"after": "after"},
+    "status": {"after": "cursor", "limit": "int"}, "ping": {},
+    "curves": {"after": "after", "limit": "int"},
     "forget": {"job": "str128", "pool": "str512"},
 }
 REQUIRED = {"hello": ("job", "pid", "host"), "plan": ("token",), "report": ("token", "batch_size"),
@@ -159,6 +159,8 @@ class Forge:
             return {"num_workers": rng.randrange(9), "fixed_bytes": rng.randrange(2 ** 40)}
         if kind == "after":
             return [rng.choice(JOBS), "cpu:%d" % rng.randrange(64)]
+        if kind == "cursor":  # status's: a session number
+            return rng.randrange(2 ** 20)
         return "%s-%d" % (name, rng.randrange(100))  # a plain string within its limit
 
     def held(self) -> Optional[str]:

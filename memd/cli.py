@@ -121,7 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     try:
-        result = cli_call.call("status", args)
+        result = _status_of(args)
     except DaemonUnavailable as exc:
         print("memd: %s (is `memd serve` running? --endpoint picks another)" % exc, file=sys.stderr)
         return 1
@@ -148,6 +148,11 @@ def _status(args: argparse.Namespace) -> int:
         if runs_in:
             print("  %20s %s" % ("", runs_in))
     return 0
+
+
+def _status_of(args: argparse.Namespace) -> dict:
+    """The daemon's `status`, every page of its sessions (a reply is bounded: memd.pages)."""
+    return cli_call.paged("status", args, "sessions", cli_call.session_number)
 
 
 _ATTRIBUTED_BY = {"cgroup": "read from its cgroup", "environ": "read from its environment",
@@ -222,7 +227,7 @@ def _top(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("memd: --interval must be positive", file=sys.stderr)
         return 2
-    return top_screen.run(lambda: cli_call.call("status", args), interval=args.interval,
+    return top_screen.run(lambda: _status_of(args), interval=args.interval,
                           once=args.once, unavailable=DaemonUnavailable, view=top.View(sort=args.sort))
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict
+from typing import Any, Callable, Dict, List
 
+from memd.client import DaemonUnavailable, curve, protocol
 from memd.client import call as client_call
-from memd.client import curve, protocol
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +29,40 @@ def call(op: str, args: argparse.Namespace, **fields: Any) -> Dict[str, Any]:
     """``op`` at the daemon the flags name; raises DaemonUnavailable (also for unusable keys)."""
     return client_call(op, endpoint=endpoint(args), timeout=args.timeout, server_key=args.server_key,
                        client_key_file=args.client_key, **fields)
+
+
+def follow(ask: Callable[[Any], Dict[str, Any]], items: str, cursor: Callable[[Any], bool]) -> Dict[str, Any]:
+    """Every page of a paged reply (`curves`, `status`: memd.pages): ``ask(after)`` is one
+    request, None for the first page; the first reply with ``items`` holding every page's, in
+    order. ``cursor`` says whether a reply's next is one. Raises DaemonUnavailable on a reply
+    that is unreadable or does not advance (a daemon that would have it ask for ever)."""
+    first = None
+    shown: List[Any] = []
+    after = None
+    while True:
+        reply = ask(after)
+        entries, following = reply.get(items), reply.get("next")
+        if not isinstance(entries, list):
+            raise DaemonUnavailable("unreadable %s reply: no list of %s" % (items, items))
+        first = reply if first is None else first
+        shown += entries
+        if following is None:
+            return dict(first, **{items: shown, "next": None})
+        if not cursor(following):
+            raise DaemonUnavailable("unreadable %s reply: next is %r" % (items, following))
+        if not entries or (after is not None and following <= after):
+            raise DaemonUnavailable("the daemon's pages of %s did not advance (at %r)" % (items, following))
+        after = following
+
+
+def paged(op: str, args: argparse.Namespace, items: str, cursor: Callable[[Any], bool]) -> Dict[str, Any]:
+    """``op``'s reply at the daemon the flags name, every page of it (follow)."""
+    return follow(lambda after: call(op, args, **({} if after is None else {"after": after})), items, cursor)
+
+
+def session_number(value: Any) -> bool:
+    """A `status` reply's next: a session number."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def positive_seconds(text: str) -> float:

@@ -39,22 +39,11 @@ def add_parsers(sub, endpoint_args: Callable[[argparse.ArgumentParser], None]) -
 def fetch(ask: Callable[[Optional[List[str]]], Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Every remembered curve, page after page: ``ask(after)`` is one `curves` request (a reply
     is bounded, see memd.curves). Raises DaemonUnavailable on a reply that does not advance."""
-    shown: List[Dict[str, Any]] = []
-    after = None
-    while True:
-        reply = ask(after)
-        entries = reply.get("curves")
-        following = reply.get("next")
-        if not isinstance(entries, list):
-            raise DaemonUnavailable("unreadable curves reply: no list of curves")
-        shown += entries
-        if following is None:
-            return shown
-        if not (isinstance(following, list) and len(following) == 2 and all(isinstance(v, str) for v in following)):
-            raise DaemonUnavailable("unreadable curves reply: next is %r" % (following,))
-        if not entries or (after is not None and following <= after):
-            raise DaemonUnavailable("the daemon's pages of curves did not advance (at %r)" % (following,))
-        after = following
+    return cli_call.follow(ask, "curves", _curve_cursor)["curves"]
+
+
+def _curve_cursor(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)
 
 
 def render(curves: List[Dict[str, Any]]) -> str:
@@ -79,6 +68,8 @@ def _owner(owner: Optional[str]) -> str:
     """"uid:1000" as the user's name where this machine knows it."""
     if owner is None:
         return "unknown (kept before curves had owners)"
+    if owner.startswith("key:"):
+        return "the client whose CURVE public key is %s" % owner[len("key:"):]
     uid = owner.partition(":")[2]
     try:
         return "%s (%s)" % (pwd.getpwuid(int(uid)).pw_name, owner)
@@ -131,11 +122,8 @@ def _gib(value: int) -> str:
 
 
 def _curves(args: argparse.Namespace) -> int:
-    def ask(after):
-        return cli_call.call("curves", args, **({} if after is None else {"after": after}))
-
     try:
-        curves = fetch(ask)
+        curves = cli_call.paged("curves", args, "curves", _curve_cursor)["curves"]
     except DaemonUnavailable as exc:
         return _unavailable(exc)
     if args.json:

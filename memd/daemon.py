@@ -209,7 +209,9 @@ class Daemon:
     def _dispatch(self):
         handlers = {name: (lambda req, handler=handler: handler(self.core, req))
                     for name, handler in ops.HANDLERS.items()}
-        handlers["hello"] = lambda req: ops.hello(self.core, req, self.server.peer)  # who asks, as the kernel says
+        # Who asks, as the kernel says (ipc) and as the CURVE allow-list admitted it (tcp)
+        handlers["hello"] = lambda req: ops.hello(self.core, req, self.server.peer, self.server.key)
+        handlers["forget"] = lambda req: ops.forget(self.core, req, self.server.key)
         return handlers
 
     def _alive(self, session: SessionRecord) -> bool:

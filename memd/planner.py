@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import math
+import statistics
 from dataclasses import replace
 from typing import Dict, Iterable, Optional
 
@@ -18,10 +20,10 @@ from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.frozen import evolve
-from memd.policy.growth import growth
+from memd.policy.growth import growth, keep
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
-from memd.sessions import OWNER, SessionRecord
+from memd.sessions import KEY_OWNER, OWNER, SessionRecord
 from memd.units import GiB
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
@@ -81,10 +83,13 @@ def comparable(session: SessionRecord) -> str:
 
 
 def ownership(session: SessionRecord) -> str:
-    """"@uid:N", the user its process runs as ("" when not known: a session memd cannot watch,
-    whose learning is never kept). Curves are their owner's: another user's job of the same name
-    neither reads nor overwrites them, and a user who fills the store evicts their own first
-    (state.StateStore.remember)."""
+    """"@key:" and the CURVE key its client was admitted with (the daemon's own check, whether
+    or not it can watch the process), else "@uid:N", the user its process runs as ("" when
+    neither is known: a session memd cannot watch, whose learning is never kept). Curves are
+    their owner's: another user's (or key's) job of the same name neither reads nor overwrites
+    them, and an owner who fills the store evicts their own first (state.StateStore.remember)."""
+    if session.key is not None:
+        return KEY_OWNER + session.key
     return "" if session.owner is None else "%s%d" % (OWNER, session.owner)
 
 
@@ -193,9 +198,25 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
         return pool
     rooms = session.planner.rooms
     if not rooms or rooms[-1][0] != job.monotonic:
-        rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes))
-    room = max(r for _, capacity, r in rooms if capacity == pool.capacity_bytes)  # one pool's reads only
+        workers = sum(b for b in job.worker_bytes if b > 0)
+        rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
+    room = max(r for _, capacity, r, _ in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's reads only
     return evolve(pool, free_bytes=max(0, room - pool.own_bytes))
+
+
+def room_dip(pool: budget.Pool, session: SessionRecord, since: float) -> int:
+    """How far below the room steadied() gives the pool's room fell in the reads since ``since``.
+    Beside workers the room swings: the benchmark's loop that rebuilt its four workers at each
+    change of batch read 2113-2307 MiB of room (free, the trainer and the workers' own memory)
+    within a minute at one batch, as each fresh fork let go of the pages the trainer had since
+    rewritten, which its old workers had shared and none of them owned. Growth on the highest
+    read and a cut on the next low one moved its batch between 69 and 135 every few steps. The
+    workers' own memory is left out: what they hold and will hold is their cost (worker_facts)."""
+    reads = [(at, r + w) for at, capacity, r, w in session.planner.rooms if capacity == pool.capacity_bytes]
+    if pool.own_bytes is None or not reads:
+        return 0
+    high = max(r for _, r in reads[-2:])
+    return max(0, high - min(r for at, r in reads if at >= since))
 
 
 def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, sessions: Iterable[SessionRecord],
@@ -246,11 +267,13 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     # fits; taken as its last peak, two jobs sharing a GPU each counted the other's memory as
     # their own and overshot it.
     kept = session.budget_bytes if pool.own_bytes is None and session.holding_unknown() else None
+    since = job.monotonic - cfg.worker_horizon_seconds if job is not None else snapshot.monotonic
+    dip = room_dip(pool, session, since) if workers.uss and pool.name == budget.HOST else 0
     decision = decide(
         curve, None if gpu_gone or unread or gpu_unknown else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=_settling(session), budget_bytes=kept,
-        workers=workers,
+        workers=workers, grow_dip=dip,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:
@@ -287,19 +310,22 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
 
 def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
     """The job's workers as the policy needs them. A worker that copies a Python-object dataset
-    as it reads it (seed 004) grows step by step and levels off at a copy of it. One worker's
-    cost is the most of: what any worker reached this run (fresh ones copy the same dataset
-    again); what a live one is on its way to within ``worker_horizon_seconds`` at the rate it
-    grew (policy.growth), never more than its anonymous pages; and what the workers of a
-    rebuilt loader were on their way to, until a live worker has levelled off. Fresh workers
-    look cheap: taken at their own size, a loop that rebuilt its DataLoader at each change of
-    batch was planned 342 beside four of them, and killed at 526 when they grew. Once one has
-    levelled, its size is the evidence, and the projection of workers that died growing gives
-    way (it stood at the 0.6 GiB of anonymous memory they map, where they level near 0.33).
-    What the live workers will add before the daemon can see it and the job act on it
-    (``growth``, GROWTH_AHEAD at their rate) is held back from the batch's budget in a shared
-    pool: a job with four growing workers was planned a batch that fit at the time, and the
-    workers' growth killed it 8 steps later."""
+    as it reads it (seed 004) grows step by step and levels off at a copy of it, and the job's
+    workers all copy the same dataset: the job has one level. It is known once a worker has
+    levelled off, or has slowed enough for its course to tell (policy.growth.level_of, the most
+    worked worker's word); each worker then costs the job's level, or what it holds and will add
+    within GROWTH_AHEAD if it passes it. Until then each may come to all the anonymous memory it
+    maps (0.6 GiB where the benchmark's workers level near 0.31), and that projection only stops
+    the batch from growing (controller._beside_workers): what cuts it is evidence (``evident``),
+    the most any worker reached this run and what the live ones hold and will add within
+    GROWTH_AHEAD at their rate. Fresh workers look cheap: taken at their own size, a loop that
+    rebuilt its DataLoader at each change of batch was planned 342 beside four of them, and
+    killed at 526 when they grew; taken at the projection, the same loop was told batch 1 for
+    its whole run, where its workers copied too slowly to ever show their level. What the live
+    workers will add (``growth``) is held back from the batch's budget in a shared pool: a job
+    with four growing workers was planned a batch that fit at the time, and the workers' growth
+    killed it 8 steps later. ``running``: the workers its loader runs, as the median of the
+    counts read within the horizon."""
     memo = session.planner
     cpus: Optional[float]
     if job is not None and job.cpus:
@@ -315,25 +341,49 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         for pid in list(memo.worker_reads):
             if pid not in now:  # gone: a rebuilt loader forks new ones, which copy the same again
                 del memo.worker_reads[pid]
+                memo.worker_courses.pop(pid, None)
                 memo.worker_inherited = max(memo.worker_inherited, memo.worker_projected.pop(pid, 0))
-        ahead = projected = 0
-        levelled = False
+        seen = []
         for pid, proc in list(now.items())[:MAX_WORKERS]:
             rss = proc.rss_bytes or 0
             held = proc.uss_bytes if proc.uss_bytes is not None else rss
             reads = memo.worker_reads.setdefault(pid, collections.deque(maxlen=WORKER_READS))
             reads.append((job.monotonic, proc.cpu_seconds, held))
-            course = growth(reads, proc.anon_bytes if proc.anon_bytes is not None else rss,
-                            cfg.worker_horizon_seconds)
-            memo.worker_projected[pid] = course.projected
+            course = memo.worker_courses.setdefault(pid, [])
+            if proc.cpu_seconds is not None:
+                keep(course, proc.cpu_seconds, held)
+            one = growth(reads, proc.anon_bytes if proc.anon_bytes is not None else rss,
+                         cfg.worker_horizon_seconds, course)
+            if one.level is not None:  # a levelled worker's word on the job's level, else the most worked one's
+                told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level)
+                if memo.worker_level is None or told[:2] >= memo.worker_level[:2]:
+                    memo.worker_level = told
             memo.worker_reached = max(memo.worker_reached, held)
-            projected, levelled = max(projected, course.projected), levelled or course.levelled
-            ahead += int(min(course.rate * GROWTH_AHEAD, course.projected - held))
-        if levelled:
+            seen.append((pid, held, one, proc.anon_bytes if proc.anon_bytes is not None else rss))
+        level = memo.worker_level[2] if memo.worker_level is not None else None
+        ahead = projected = evident = 0
+        for pid, held, one, bound in seen:
+            soon = int(min(one.rate * GROWTH_AHEAD, max(0, one.projected - held)))
+            if one.level is not None:
+                memo.worker_projected[pid] = one.projected
+            elif level is not None:
+                # Fresh workers copy the same dataset: they cost the job's level, or more as they pass it.
+                memo.worker_projected[pid] = max(level, held + soon)
+            else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
+                memo.worker_projected[pid] = max(bound, held)
+            projected, evident = max(projected, memo.worker_projected[pid]), max(evident, held + soon)
+            ahead += soon
+        if level is not None:
             memo.worker_inherited = 0
         memo.worker_cost = max(memo.worker_reached, projected, memo.worker_inherited)
+        memo.worker_evident = 0 if level is not None else max(memo.worker_reached, evident)
         memo.worker_growth = ahead
+        memo.worker_counts.append((job.monotonic, len(now)))
+    since = job.monotonic - cfg.worker_horizon_seconds if job is not None else math.inf
+    recent = [n for at, n in memo.worker_counts if at >= since]
     return WorkerFacts(cpus=cpus, uss=uss, cost=memo.worker_cost or None, batch_bytes=session.batch_bytes,
+                       evident=memo.worker_evident or None,
+                       running=int(statistics.median_low(recent)) if recent else None,
                        growth=memo.worker_growth if job is not None else 0, follows=session.follows_workers)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Deque, Dict, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -14,12 +14,20 @@ class PlannerMemo:
     # seconds, USS) and projection; the most one reached this run; what the workers of a rebuilt
     # loader were on their way to, until a live one levels off; one worker's cost from these.
     worker_reads: Dict[int, Deque[Tuple[float, Optional[float], int]]] = field(default_factory=dict)
+    worker_courses: Dict[int, List[Tuple[float, int]]] = field(default_factory=dict)  # (CPU s, USS), growth.keep
     worker_projected: Dict[int, int] = field(default_factory=dict)
     worker_reached: int = 0
     worker_inherited: int = 0
     worker_cost: int = 0
     worker_growth: int = 0  # what the live workers are projected to add
+    # Where this job's workers level off: (levelled, CPU seconds, bytes), a worker that levelled
+    # before one read off a course (growth.level_of), and the one that had done the most work;
+    # None until one has slowed enough to tell.
+    worker_level: Optional[Tuple[bool, float, int]] = None
+    worker_evident: int = 0  # one worker's cost from evidence alone, while worker_level is None
     workers_read: Optional[float] = None  # the job read they were last updated from
-    # (job read's monotonic time, capacity, free + held) of the last two reads of a host pool
-    # (planner.steadied)
-    rooms: Deque[Tuple[float, int, int]] = field(default_factory=lambda: collections.deque(maxlen=2))
+    worker_counts: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
+    # (job read's monotonic time, capacity, free + what the trainer holds, the workers' own memory)
+    # of a host pool's reads: the last two for planner.steadied, those within the horizon for
+    # planner.room_dip
+    rooms: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=32))

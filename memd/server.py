@@ -78,6 +78,9 @@ class Server:
         # and whether its CURVE key has been taken off the allow-list since it connected.
         self._first: Optional[zmq.Frame] = None
         self.revoked = False
+        # The sender's CURVE public key (Z85), as the allow-list admitted it: who a remote job is
+        # (its curves and its share of the slots are that key's); None without CURVE.
+        self.key: Optional[str] = None
 
     @property
     def peer(self) -> Optional[Peer]:
@@ -182,7 +185,8 @@ class Server:
         frame), but frames beyond the protocol's are neither copied nor kept: a 400-frame message
         was copied whole and echoed back (80 MB each way). Raises zmq.Again when nothing waits."""
         first = self._first = self.sock.recv(_NOBLOCK, copy=False)
-        self.revoked = self.zap is not None and not self.zap.admits(_property(first, "User-Id"))
+        self.key = _property(first, "User-Id") if self.zap is not None else None
+        self.revoked = self.zap is not None and not self.zap.admits(self.key)
         frames = [first.bytes]
         dropped = 0
         while self.sock.getsockopt(_RCVMORE):

@@ -26,6 +26,7 @@ from memd.sampling.snapshot import Cgroup
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
 _batch_of = operator.attrgetter("batch")
 OWNER = "@uid:"  # a curve's key ends with its owner's uid (planner.ownership, state.owner_of)
+KEY_OWNER = "@key:"  # or with the CURVE public key (40 Z85 characters) of the client that said hello
 
 
 class Peer(NamedTuple):
@@ -46,6 +47,17 @@ def _newest_of_busiest(sessions: Iterable[SessionRecord]) -> Optional[SessionRec
         return None
     busiest = collections.Counter(s.peer_pid for s in listed).most_common(1)[0][0]
     return max((s for s in listed if s.peer_pid == busiest), key=lambda s: s.sid)
+
+
+def _unwatched_slots(max_sessions: int) -> int:
+    """The slots sessions whose process the daemon cannot watch may hold together."""
+    return max(1, int(max_sessions * UNWATCHED_SHARE))
+
+
+def _user(key: Optional[str], uid: Optional[int]) -> object:
+    """Who a session or a hello is, in the sharing of slots: its CURVE key where it came with
+    one, else its uid (None over plain TCP, where every peer is the same one)."""
+    return ("key", key) if key is not None else uid
 
 
 class UnknownSession(KeyError):
@@ -99,6 +111,9 @@ class SessionRecord:
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
     peer_uid: Optional[int] = None  # the user whose process said hello (the kernel's word; None over TCP)
     peer_pid: Optional[int] = None  # and that process, as this daemon's pid namespace names it
+    # The CURVE public key (Z85) the hello came with, authenticated by the allow-list (memd.zap):
+    # its curves are that key's, and it is that key's slot in the sharing between users (crowding)
+    key: Optional[str] = None
     # The Kubernetes pod (UID) and Slurm job it runs in, and how that is known (memd.attribution)
     pod_uid: Optional[str] = None
     slurm_job_id: Optional[str] = None
@@ -236,7 +251,7 @@ class Sessions:
         if self.full():
             raise TooManySessions("%d sessions are open (max_sessions)" % self.max_sessions)
         unwatched = sum(1 for s in self._by_token.values() if not s.local)
-        if not fields.get("local", True) and unwatched >= max(1, int(self.max_sessions * UNWATCHED_SHARE)):
+        if not fields.get("local", True) and unwatched >= _unwatched_slots(self.max_sessions):
             raise TooManySessions("%d sessions of processes the daemon cannot watch are open (a quarter of "
                                   "max_sessions)" % unwatched)
         now = self.clock()
@@ -249,21 +264,31 @@ class Sessions:
             self._by_nonce[(session.host, session.pid, session.nonce)] = session
         return session
 
-    def crowding(self, peer: Optional[Peer]) -> Optional[SessionRecord]:
-        """When every slot is taken, the session a hello from ``peer`` may end to get one. Slots
-        are shared max-min, between users and then between one user's processes: the newest
-        session of the process holding the most, in the user holding the most, gives way when
-        that user holds at least two more than the one asking (or, within one user, that
-        process two more than the one asking). One user, or one process, alone may fill every
-        slot, but a flood of hellos cannot keep another user's or another process's job out
-        (256 sessions from one process once held every slot). Over TCP all peers are one."""
+    def crowding(self, peer: Optional[Peer], key: Optional[str] = None, local: bool = True) -> Optional[SessionRecord]:
+        """When the slots a hello needs are taken, the session it may end to get one. Slots are
+        shared max-min, between users and then between one user's processes: the newest session
+        of the process holding the most, in the user holding the most, gives way when that user
+        holds at least two more than the one asking (or, within one user, that process two more
+        than the one asking). A user is the uid the kernel names (ipc) or the CURVE key the
+        client was admitted with (``key``); plain TCP peers are one user. One user, or one
+        process, alone may fill every slot, but a flood of hellos cannot keep another user's or
+        another process's job out (256 sessions from one process once held every slot). A hello
+        whose process the daemon cannot watch (``local`` false) shares only the unwatched
+        sessions' quarter: a remote session never ends a local one. None when there is room."""
         everyone = list(self._by_token.values())
+        if not local:
+            everyone = [s for s in everyone if not s.local]
+            if not self.full() and len(everyone) < _unwatched_slots(self.max_sessions):
+                return None
+        elif not self.full():
+            return None
         uid, pid = (None, None) if peer is None else peer
-        users = collections.Counter(s.peer_uid for s in everyone)
+        asking = _user(key, uid)
+        users = collections.Counter(_user(s.key, s.peer_uid) for s in everyone)
         user, count = users.most_common(1)[0] if users else (None, 0)
-        if user != uid and users[uid] + 1 < count:
-            return _newest_of_busiest(s for s in everyone if s.peer_uid == user)
-        mine = [s for s in everyone if s.peer_uid == uid]
+        if user != asking and users[asking] + 1 < count:
+            return _newest_of_busiest(s for s in everyone if _user(s.key, s.peer_uid) == user)
+        mine = [s for s in everyone if _user(s.key, s.peer_uid) == asking]
         processes = collections.Counter(s.peer_pid for s in mine)
         process, count = processes.most_common(1)[0] if processes else (None, 0)
         if pid is not None and process != pid and processes[pid] + 1 < count:

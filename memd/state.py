@@ -3,6 +3,8 @@
 One JSON file under the state directory, replaced atomically (write, fsync, rename), so a
 crash or power loss leaves either the old file or the new one. A corrupt file is moved aside
 and memd starts empty rather than not at all. Bounded: the least recently used jobs go first.
+Curves owned by a CURVE key (remote clients, "@key:...") are bounded apart from the others, and
+per key: a key's flood of job names evicts its own curves, never a local job's (docs/security.md).
 """
 from __future__ import annotations
 
@@ -23,16 +25,18 @@ import structlog
 
 from memd.client.counts import whole
 from memd.policy.fit import Observation
-from memd.sessions import OWNER
+from memd.sessions import KEY_OWNER, OWNER
 
 FILE = "curves.json"
 VERSION = 1
-MAX_JOBS = 512
+MAX_JOBS = 512  # curves of local jobs (and, apart, of CURVE keys: each its own class, so neither evicts the other)
+MAX_JOBS_PER_KEY = 32  # curves one CURVE key keeps: beyond, its own least recently used go
 MAX_POINTS = 32
 MAX_KEY_CHARS = 512  # "job|pool": a job name (128) and a pool key the daemon made; bounds a `curves` entry
 MAX_INT = 2 ** 63 - 1  # what msgpack carries: a hand-edited file's 10**30 would fail every reply that shows it
 TEMP_PREFIX = ".curves."
 _TEMP = re.compile(r"\.curves\.[a-z0-9_]{8}\Z")  # what tempfile.mkstemp(prefix=TEMP_PREFIX) names
+_Z85_KEY = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}\Z")  # a CURVE public key as ZAP's User-Id gives it
 
 log = structlog.get_logger("memd.state")
 
@@ -46,11 +50,13 @@ class Memory:
 
 
 class StateStore:
-    def __init__(self, directory: str, max_jobs: int = MAX_JOBS):
+    def __init__(self, directory: str, max_jobs: int = MAX_JOBS, max_per_key: int = MAX_JOBS_PER_KEY):
         self.directory = directory
         self.max_jobs = max_jobs
+        self.max_per_key = max_per_key
         self.path = os.path.join(directory, FILE)
         self._jobs: Dict[str, dict] = {}
+        self._owners: collections.Counter = collections.Counter()  # owner_of(key) -> curves kept, of _jobs
         self.dirty = False
         # Writes in order: each carries the generation it was taken at, and one older than the
         # file's is skipped, so a late background write never brings back what a forget dropped.
@@ -78,6 +84,7 @@ class StateStore:
             except OSError:
                 pass
             self._jobs = {}
+        self._owners = collections.Counter(owner_of(key) for key in self._jobs)
 
     def remove_stale_temps(self, before: float) -> int:
         """Remove the temp files of writes that never finished (a kill -9 or a power cut between
@@ -114,16 +121,16 @@ class StateStore:
         a cursor, and recall() only the page's entries (all 512 of 32 points cost 13 ms)."""
         return sorted(_split(key) for key in self._jobs)
 
-    def forget(self, job: str, pool_key: Optional[str] = None) -> List[str]:
+    def forget(self, job: str, pool_key: Optional[str] = None, owner: Optional[str] = None) -> List[str]:
         """Drop what was learned for ``job``, in every pool or only ``pool_key`` (a pool key
         without its configuration and owner, planner.identify's "#..." and "@uid:...", names every
-        configuration and owner in that pool); returns the pool keys dropped, sorted. The store is
-        dirty (flush writes it) only if one was."""
+        configuration and owner in that pool), of every owner or only ``owner`` ("key:..."); returns
+        the pool keys dropped, sorted. The store is dirty (flush writes it) only if one was."""
         dropped = []
         for key in list(self._jobs):
             name, pool = _split(key)
-            if name == job and pool_key in (None, pool, base_pool(pool)):
-                del self._jobs[key]
+            if name == job and pool_key in (None, pool, base_pool(pool)) and owner in (None, owner_of(pool)):
+                self._drop(key)
                 dropped.append(pool)
         if dropped:
             self.dirty = True
@@ -138,26 +145,40 @@ class StateStore:
             del points[next(i for i, (b, _) in enumerate(points) if counts[b] == most)]
         key = _key(job, pool_key)
         if not points and ceiling is None:  # nothing left to keep (a lifted ceiling was all there was)
-            if self._jobs.pop(key, None) is not None:
+            if key in self._jobs:
+                self._drop(key)
                 self.dirty = True
             return
         if len(key) > MAX_KEY_CHARS:  # cannot happen (a job is 128 characters, NVML's names 96): the bound holds
             log.warning("state_key_too_long", job=job[:128], pool=pool_key[:128])
             return
-        self._jobs.pop(key, None)  # re-insert: dict order is the LRU order
-        self._jobs[key] = {"points": points, "ceiling": ceiling, "updated": time.time()}
+        entry = {"points": points, "ceiling": ceiling, "updated": time.time()}
         if ceiling is not None and clean_runs:
-            self._jobs[key]["clean"] = clean_runs
-        while len(self._jobs) > self.max_jobs:
-            del self._jobs[self._evictable()]
+            entry["clean"] = clean_runs
+        self._drop(key)  # re-insert: dict order is the LRU order
+        self._jobs[key] = entry
+        owner = owner_of(key)
+        self._owners[owner] += 1
+        keyed = is_key(owner)
+        if keyed and self._owners[owner] > self.max_per_key:  # a key's flood of names: its own go
+            self._drop(next(k for k in self._jobs if owner_of(k) == owner))
+        while sum(n for o, n in self._owners.items() if is_key(o) == keyed) > self.max_jobs:
+            self._drop(self._evictable(keyed))
         self.dirty = True
 
-    def _evictable(self) -> str:
-        """The least recently used key of the owner with the most: a user who fills the store
-        (512 junk job names once evicted every curve) evicts their own first."""
-        owners = collections.Counter(owner_of(key) for key in self._jobs)
-        most = max(owners.values())
-        return next(key for key in self._jobs if owners[owner_of(key)] == most)
+    def _drop(self, key: str) -> None:
+        if self._jobs.pop(key, None) is not None:
+            owner = owner_of(key)
+            self._owners[owner] -= 1
+            if not self._owners[owner]:
+                del self._owners[owner]
+
+    def _evictable(self, keyed: bool) -> str:
+        """The least recently used key of the owner with the most, among the CURVE keys' curves
+        (``keyed``) or the others': a user who fills the store (512 junk job names once evicted
+        every curve) evicts their own first, and a remote key never a local job's."""
+        most = max(n for o, n in self._owners.items() if is_key(o) == keyed)
+        return next(k for k in self._jobs if is_key(owner_of(k)) == keyed and self._owners[owner_of(k)] == most)
 
     def flush(self) -> bool:
         """Write if anything changed, before returning; False (logged, state kept in memory,
@@ -233,16 +254,31 @@ class StateStore:
         return len(self._jobs)
 
 
+def split_owner(key: str) -> Tuple[str, Optional[str]]:
+    """A stored key or pool key as (what comes before its owner, the owner: "uid:1000", or
+    "key:" and a client's CURVE public key), the owner None for a key without one (kept by an
+    earlier memd). A Z85 key may hold "@", "#" and ":", so a key owner is found by its fixed
+    length at the end, before anything is split at those."""
+    tail = key[-len(KEY_OWNER) - 40:]
+    if tail.startswith(KEY_OWNER) and _Z85_KEY.match(tail[len(KEY_OWNER):]):
+        return key[:-len(tail)], tail[1:]
+    before, at, uid = key.rpartition(OWNER)
+    return (before, OWNER[1:] + uid) if at else (key, None)
+
+
 def owner_of(key: str) -> Optional[str]:
-    """The owner part of a stored key or pool key ("uid:1000"), None for one without (kept by
-    an earlier memd)."""
-    _, at, owner = key.rpartition(OWNER)
-    return OWNER[1:] + owner if at else None
+    """The owner part of a stored key or pool key (split_owner)."""
+    return split_owner(key)[1]
+
+
+def is_key(owner: Optional[str]) -> bool:
+    """Whether an owner (owner_of) is a CURVE key, not a uid."""
+    return owner is not None and owner.startswith(KEY_OWNER[1:])
 
 
 def base_pool(pool_key: str) -> str:
-    """A pool key's pool alone, without its configuration ("#...") or owner ("@uid:...")."""
-    return pool_key.partition(OWNER)[0].partition("#")[0]
+    """A pool key's pool alone, without its configuration ("#...") or owner ("@uid:...", "@key:...")."""
+    return split_owner(pool_key)[0].partition("#")[0]
 
 
 def _key(job: str, pool_key: str) -> str:

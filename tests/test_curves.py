@@ -324,3 +324,61 @@ def test_a_stalled_disk_holds_one_waiting_state_not_one_per_flush(tmp_path, monk
     store.close()
     assert written[-1] == 50 and len(written) <= 2  # the first, then the newest; none in between
     assert len(json.loads((tmp_path / "curves.json").read_text())["jobs"]) == 50
+
+
+# -- curves owned by a CURVE key ------------------------------------------------------------------
+
+# Real Z85 public keys hold "@", "#" and ":" (memd keygen wrote the first); the second holds "@uid:".
+KEY_A = "RV<q1X/YQ}Z}/u#x3#:?UGDp%ulD(*yVA.viC8OE"
+KEY_B = "abcdefghij@uid:0123456789ABCDEFGHIJKLMNO"
+
+
+def test_a_keys_owner_is_found_by_its_length_whatever_its_characters():
+    from memd.state import base_pool, owner_of, split_owner
+
+    assert split_owner("cpu:7#0a1b2c3d@key:" + KEY_A) == ("cpu:7#0a1b2c3d", "key:" + KEY_A)
+    assert split_owner("cpu:7@key:" + KEY_B) == ("cpu:7", "key:" + KEY_B)
+    assert base_pool("cpu:7@key:" + KEY_A) == "cpu:7" and base_pool("cpu:7#0a1b2c3d@uid:0") == "cpu:7"
+    assert owner_of("cpu:7@uid:1000") == "uid:1000" and owner_of("cpu:7") is None
+    assert owner_of("cpu:7@key:short") is None  # not a key: 40 characters or none
+
+
+def test_a_keys_flood_evicts_its_own_curves_never_a_local_jobs_nor_another_keys(tmp_path):
+    """A key keeps at most max_per_key curves, and keys' curves are bounded apart from local
+    ones: 512 junk names from one key once could have evicted every curve."""
+    store = StateStore(str(tmp_path), max_jobs=4, max_per_key=3)
+    store.remember("local", "cpu:7@uid:1000", [Observation(4, 10)], None)
+    store.remember("legacy", "cpu:7", [Observation(4, 10)], None)
+    store.remember("theirs", "cpu:7@key:" + KEY_B, [Observation(4, 10)], None)
+    for i in range(10):
+        store.remember("junk%d" % i, "cpu:7@key:" + KEY_A, [Observation(4, 10)], None)
+    assert store.keys() == [("junk7", "cpu:7@key:" + KEY_A), ("junk8", "cpu:7@key:" + KEY_A),
+                            ("junk9", "cpu:7@key:" + KEY_A), ("legacy", "cpu:7"), ("local", "cpu:7@uid:1000"),
+                            ("theirs", "cpu:7@key:" + KEY_B)]
+    for i in range(10):  # local jobs filling their store evict neither keys' curves, nor keys theirs
+        store.remember("mine%d" % i, "cpu:7@uid:1000", [Observation(4, 10)], None)
+    assert len([k for k in store.keys() if "@key:" in k[1]]) == 4 and len(store) == 8
+
+
+def test_keys_curves_are_bounded_together_the_key_with_most_giving_way(tmp_path):
+    store = StateStore(str(tmp_path), max_jobs=4, max_per_key=3)
+    for i in range(3):
+        store.remember("a%d" % i, "cpu:7@key:" + KEY_A, [Observation(4, 10)], None)
+    store.remember("b0", "cpu:7@key:" + KEY_B, [Observation(4, 10)], None)
+    store.remember("b1", "cpu:7@key:" + KEY_B, [Observation(4, 10)], None)  # five: KEY_A, with three, gives one
+    assert [job for job, _ in store.keys()] == ["a1", "a2", "b0", "b1"]
+
+
+def test_a_key_forgets_its_own_and_counts_survive_a_reload(tmp_path):
+    store = StateStore(str(tmp_path), max_per_key=2)
+    for owner in ("@key:" + KEY_A, "@key:" + KEY_B, "@uid:0"):
+        store.remember("job", "cpu:7" + owner, [Observation(4, 10)], None)
+    assert store.forget("job", owner="key:" + KEY_A) == ["cpu:7@key:" + KEY_A]
+    assert store.forget("job", "cpu:7", owner="key:" + KEY_A) == []
+    assert store.flush()
+    again = StateStore(str(tmp_path), max_per_key=2)
+    again.load()
+    for i in range(3):
+        again.remember("new%d" % i, "cpu:7@key:" + KEY_B, [Observation(4, 10)], None)
+    assert sorted(again.keys()) == [("job", "cpu:7@uid:0"), ("new1", "cpu:7@key:" + KEY_B),
+                                    ("new2", "cpu:7@key:" + KEY_B)]  # its curve from before the restart counted

@@ -11,7 +11,7 @@ import pytest
 
 from memd.config import PolicyConfig
 from memd.policy.budget import host_pool
-from memd.policy.controller import ControlState, Limits, decide
+from memd.policy.controller import ControlState, Limits, WorkerFacts, decide
 from memd.policy.fit import Curve, Observation, fit
 from memd.sampling.snapshot import Cgroup, JobMemory, Snapshot, SystemMemory
 
@@ -203,12 +203,13 @@ def test_one_low_read_of_the_pool_does_not_move_the_plan_but_two_do():
 def test_workers_that_grow_are_cut_before_the_pool_is_gone():
     """The workers shape (bench/trainjob.py), two workers read 2.5 s apart: each worker's RSS
     stayed at ~622 MiB while its USS grew 87 -> 148 -> 194 -> 224 MiB, copying the Python-object
-    dataset it read. A worker can make private at most what it maps, so each is counted at 622
-    MiB, not at the 772 its rate projects 30 s ahead; what the two add at that rate before the
-    daemon and the job can react (10 s: 2 x 183 MiB) is held back from the batch. The job asked
-    for 4 in a 2 GiB group: one worker at 622 MiB leaves the batch more than half of what it
-    could have alone, two would not. A rebuilt loader's fresh workers are counted at what this
-    run's workers reached."""
+    dataset it read. A worker can make private at most what it maps, so until they level off
+    each is projected at 622 MiB, not at the 772 its rate projects 30 s ahead. The projection
+    decides how many workers to advise (the job asked for 4 in a 2 GiB group: one worker at 622
+    MiB leaves the batch more than half of what it could have alone, two would not) and stops
+    the batch from growing; what cuts the batch is evidence: what the workers hold and add at
+    their rate before the daemon and the job can react (10 s: 2 x 183 MiB). A rebuilt loader's
+    fresh workers are counted at what this run's workers reached."""
     from memd.planner import worker_facts
     from memd.policy.budget import Pool
     from memd.sampling.snapshot import ProcessMemory
@@ -237,9 +238,12 @@ def test_workers_that_grow_are_cut_before_the_pool_is_gone():
 
     # budget 600 + 1000 - 20 - 365 = 1215 MiB; with no worker 1215 + 365 + 448 = 2028 MiB, where
     # 630 + 1.4 b allows 998; one worker at 622 leaves 1406 MiB (554 >= 998 / 2), two 784 (110).
-    # The batch goes beside the two that still live until the loader lets one go.
+    # Two at what they hold and add in 10 s (407 MiB each) leave 1214 MiB, which allows 417: the
+    # batch holds at 256, beside the two that still live, until the loader lets one go.
     first = plan(facts)
-    assert first.batch_size == 110 and first.num_workers == 1, first.reason
+    assert first.batch_size == 256 and first.num_workers == 1, first.reason
+    assert first.reason.startswith("holding 256: its 2 workers are still copying their dataset, and until they "
+                                   "level off each may come to 0.61 GiB"), first.reason
     assert "1 of the 4 workers asked for, at 0.61 GiB each, beside the batch" in first.reason, first.reason
     # A loader that follows the plan (its reports say which workers it ran, loader_workers: MemdLoader) shuts
     # the second down before the first batch of this plan: the batch goes beside the one kept.
@@ -420,3 +424,135 @@ def test_workers_that_level_off_cost_their_level_and_fresh_ones_inherit_it():
         assert 0.98 * level * MiB <= min(settled) and max(settled) <= 1.05 * level * MiB, name  # not the 0.6 GiB
         fresh = read(costs[-1][0] + 2, [(0.1, 45, anon)] * 2, first_pid=20)  # a rebuilt loader's new workers
         assert fresh.cost >= level * MiB, name
+
+
+def test_where_workers_level_off_is_read_off_their_course_before_they_get_there():
+    """The same traces, each worker's USS against the CPU seconds it used (what it copies follows
+    what it reads). Once its growth has halved (growth.level_of), its level is told within a few
+    percent, long before it levels: four workers at batch 64 (level 313-314 MiB) from 245 MiB on,
+    one at batch 600 (340 MiB) from 327; never below 97 % of the level, so the estimate does not
+    invite a batch the workers then take back. Before that, and for a course that grows at a
+    steady rate, nothing is told."""
+    import json
+    import os
+
+    from memd.policy.growth import keep, level_of
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
+        traces = json.load(f)
+    for name, level, by in (("batch 64, 4 workers, 700 steps", 314, 0.8), ("batch 600, 1 worker, 60 steps", 340, 0.9)):
+        courses: dict = {}
+        told = []
+        for at, workers in traces[name]:
+            for i, (cpu, uss, anon) in enumerate(workers):
+                course = courses.setdefault(i, [])
+                keep(course, cpu, uss * MiB)
+                assert len(course) <= 32  # bounded however long it is followed
+                estimate = level_of(course, anon * MiB)
+                if estimate is not None:
+                    told.append((at, uss, estimate / MiB))
+                    assert 0.97 * level <= estimate / MiB <= 1.1 * level, (name, at, uss, estimate / MiB)
+        first = min(told)
+        assert first[1] <= by * level, (name, first)  # told before it got there (at 600, first read at 135 MiB)
+    steady = []  # 10 MiB per CPU second, then nothing new: no level until it stops
+    for i in range(12):
+        keep(steady, 0.5 * i, (50 + 5 * i) * MiB)
+        assert level_of(steady, 600 * MiB) is None
+    assert level_of([(0.0, 100 * MiB)] * 2 + [(1.0, 100 * MiB)], 600 * MiB) is None  # too few points
+
+
+def test_a_projection_stops_growth_and_evidence_cuts():
+    """The benchmark's loop that keeps its own four workers (a 2 GiB group, the workers shape at
+    6494971): at step 6 its workers, 3 s old, were projected at the 0.59 GiB each maps, which left
+    no batch, and it was told batch 1 for the rest of its run, where its workers copied too slowly
+    to show their level (0.31 GiB). Now that projection holds the batch where it is; a cut comes
+    from what the workers hold and add at their rate within 10 s."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(740 * MiB, 0.6 * MiB, "fit", 2, 1.0)
+
+    def plan(evident, uss, cost=600):  # the group: 2048 MiB, the trainer's 800 and the workers' USS in use
+        pool = Pool("host", "cpu", 2 * GiB, (2048 - 800 - 4 * uss) * MiB, 800 * MiB, 20 * MiB)
+        facts = WorkerFacts(uss=(uss * MiB,) * 4, cost=cost * MiB, evident=evident * MiB if evident else None)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=85), "ok", CFG, workers=facts,
+                      latest_batch=85, latest_peak=800 * MiB).plan
+
+    young = plan(120, 60)  # 4 x 120 MiB by evidence: room for far more than 85, held
+    assert young.batch_size == 85 and young.reason.startswith("holding 85: its 4 workers are still copying"), \
+        young.reason
+    assert "each may come to 0.59 GiB" in young.reason
+    assert plan(None, 60).batch_size == 1  # as before: the projection alone leaves nothing
+    grown = plan(330, 300)  # evidence alone now leaves less than 85: cut, as a level of 330 would
+    assert grown.batch_size < 85 and grown.batch_size == plan(None, 300, cost=330).batch_size, grown.reason
+
+
+def test_beside_workers_growth_waits_for_room_that_lasts():
+    """The benchmark's loop that rebuilds its four workers at each change of batch, in its 2 GiB
+    group (probe at 8505598 + this change): at one batch its room outside the workers' own memory
+    (free, the trainer, the workers' USS) read 2113-2307 MiB within a minute, highest just after
+    a rebuild, as the fresh workers no longer share the pages the trainer had rewritten since
+    the old ones were forked. A plan grown on a high read was cut on the next low one: 69, 135,
+    94, 87, 81, 102, 69 in 30 s. The cut still goes by the room now; growth goes by the lowest
+    room within the horizon (30 s)."""
+    from memd.planner import room_dip, steadied
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
+                            created=0.0, last_seen=0.0)
+
+    def read(at, usage, rss, workers):
+        job = JobMemory(pid=7, processes=(ProcessMemory(7, 1, "trainer", rss * MiB, None, None),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 600 * MiB, None, uss * MiB) for i, uss in enumerate(workers)),
+            cgroup=Cgroup(1, "/memd-bench", 2 * GiB, usage * MiB, working_set_bytes=usage * MiB),
+            errors=(), monotonic=at, trainer_rss_bytes=rss * MiB)
+        return steadied(host_pool(host(), job, CFG), session, job), job
+
+    # room = free + trainer + workers: 2048 - 1655 + 733 + 988 = 2114, then 2048 - 751 + 756 + 180 = 2233
+    pool, job = read(0.0, 1655, 733, [247] * 4)
+    assert room_dip(pool, session, since=-30.0) == 0
+    pool, job = read(2.0, 751, 756, [45] * 4)  # rebuilt: fresh workers, and 119 MiB more room outside them
+    assert room_dip(pool, session, since=-28.0) == 119 * MiB
+    assert room_dip(pool, session, since=1.0) == 0  # the low read is older than the horizon
+    curve = Curve(700 * MiB, 1.3 * MiB, "fit", 4, 1.0)
+    facts = WorkerFacts(uss=(45 * MiB,) * 4, cost=326 * MiB, running=4)
+
+    def plan(dip, batch=74):
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=batch), "ok", CFG, workers=facts,
+                      latest_batch=batch, latest_peak=int(curve.peak(batch)), held_peak=756 * MiB, grow_dip=dip)
+
+    free = plan(0)
+    assert free.plan.batch_size > 74 * 1.03  # on the high read alone it would grow
+    held = plan(119 * MiB)
+    assert held.plan.batch_size < free.plan.batch_size
+    assert held.plan.batch_size == 74 or held.plan.reason.startswith("%d: where its room was lowest" %
+                                                                     held.plan.batch_size), held.plan.reason
+    cut = decide(curve, replace(pool, free_bytes=pool.free_bytes - 300 * MiB), Limits(num_workers=4),
+                 ControlState(batch=74), "ok", CFG, workers=facts, latest_batch=74,
+                 latest_peak=int(curve.peak(74)), held_peak=756 * MiB, grow_dip=119 * MiB)
+    assert cut.plan.batch_size < 74  # a drop in the room now cuts, whatever the dip
+
+
+def test_beside_workers_still_growing_the_batch_waits():
+    """The same loop (a probe at 8505598 + this change): the group is read every sample and each
+    worker's pages at the job's read, apart; while its fresh workers copied tens of MiB a second
+    (0.67 GiB about to be added within 10 s), their room read 0.14 GiB high and the plan went
+    from 87 to 209, to be cut to 159 and 98 within five seconds. Growth waits until the workers
+    are about to add under a tenth of what they cost together; cuts do not."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(700 * MiB, 1.3 * MiB, "fit", 4, 1.0)
+    pool = Pool("host", "cpu", 2 * GiB, 1020 * MiB, 796 * MiB, 20 * MiB)
+
+    def plan(growth, free=1020):
+        facts = WorkerFacts(uss=(108 * MiB,) * 4, cost=327 * MiB, running=4, growth=growth * MiB)
+        return decide(curve, replace(pool, free_bytes=free * MiB).with_reserved(growth * MiB), Limits(num_workers=4),
+                      ControlState(batch=87), "ok", CFG, workers=facts, latest_batch=87,
+                      latest_peak=int(curve.peak(87)), held_peak=796 * MiB).plan
+
+    assert plan(0).batch_size > 87 * 1.03
+    growing = plan(685)
+    assert growing.batch_size == 87 and growing.reason.startswith(
+        "keeping 87: its workers are still growing (0.67 GiB within seconds)"), growing.reason
+    assert plan(100).batch_size == plan(0).batch_size  # under a tenth of 4 x 327 MiB: settled enough
+    assert plan(685, free=500).batch_size < 87  # a cut is not held back

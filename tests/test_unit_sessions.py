@@ -75,6 +75,24 @@ def test_a_full_registry_refuses_and_unwatched_sessions_get_a_quarter():
         open_one(sessions, pid=40)
 
 
+def test_remote_keys_share_the_unwatched_quarter_and_never_end_a_local_session():
+    """Over CURVE a key is a user: a second key's remote hello takes the newest of the key
+    holding the most unwatched sessions, never a watched session (remote sessions take no local room)."""
+    sessions, _ = registry(max_sessions=8)
+    flood = [sessions.open(job="j", pid=10 + i, host="far", local=False, start_time=None, limits=Limits(), key="A")
+             for i in range(2)]
+    assert sessions.crowding(None, "B", local=False) is flood[-1]  # the quarter is full: A's newest gives way
+    assert sessions.crowding(None, "A", local=False) is None  # A's own flood takes nothing of its own
+    sessions.close(flood[-1].token)
+    sessions.open(job="j", pid=20, host="far", local=False, start_time=None, limits=Limits(), key="B")
+    assert sessions.crowding(None, "B", local=False) is None  # one each: neither gives way
+    for i in range(6):
+        open_one(sessions, pid=30 + i)
+    assert sessions.full()
+    assert sessions.crowding(None, "C", local=False) is None  # one each, and no watched session is a remote's room
+    assert sessions.crowding(None, "C", local=True) is not None and sessions.crowding(None, "C").key is None
+
+
 def test_iterating_is_over_a_copy():
     sessions, _ = registry()
     for pid in range(3):

@@ -2,38 +2,60 @@
 jobs' next runs (curves, forget)."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from memd import curves as learned
+from memd import pages
+from memd.client import protocol
+from memd.client.counts import whole
 from memd.core import VERSION, Core
-from memd.ops.fields import Invalid, text
+from memd.ops.fields import Invalid, integer, text
 from memd.sampling.snapshot import as_json
-from memd.sessions import SessionRecord
+from memd.sessions import KEY_OWNER, SessionRecord
 from memd.state import MAX_KEY_CHARS
 
 Result = Dict[str, Any]
 
 
 def status(core: Core, req: Dict[str, Any]) -> Result:
-    """The daemon's view of the machine and its sessions (no tokens).
+    """The daemon's view of the machine and its sessions (no tokens), the sessions a page at a
+    time as `curves` pages (memd.pages): 255 of them were a 187 KB reply.
 
-    Request: nothing. Reply: version, host, uptime_seconds, pressure_level, snapshot (the
-    `memd sample --json` fields), sessions: [{job, pid, host, rank, pool, reports, ooms,
+    Request: optional after (int: the previous page's next), limit (int in [1, 4096]: sessions
+    a page holds at most). Reply: version, host, uptime_seconds, pressure_level, snapshot (the
+    `memd sample --json` fields), total (sessions open), next (the session number to ask for
+    the next page with, or null on the last), sessions (by session number, those after
+    ``after`` that fit in the page): [{session (its number, as in metrics and logs), job, pid,
+    host, rank, pool, reports, ooms,
     latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, ceiling, plan, pool_key (what
     its curve is remembered under; null while its GPU cannot be told), unwatched (why a job on
     this host is not measured here, or null), pod_uid, slurm_job_id (the Kubernetes pod and
     Slurm job it runs in, or null), attributed_by ("cgroup" or "environ": read by the daemon
     from the job's process; "client": as its hello said; null)}].
     """
+    after, limit = _cursor(req), integer(req, "limit")
     snapshot = core.snapshot
-    return {
+    reply: Result = {
         "version": VERSION,
         "host": core.host,
         "uptime_seconds": round(core.uptime(), 3),
         "pressure_level": core.pressure.level,
         "snapshot": as_json(snapshot) if snapshot is not None else None,
-        "sessions": [session_view(s) for s in core.sessions],
     }
+    everyone = list(core.sessions)  # in the order they opened: by session number
+    following = [s for s in everyone if after is None or s.sid > after]
+    budget = pages.PAGE_BYTES - len(protocol.encode(reply))  # the page's header is part of its bytes
+    shown = pages.fill((session_view(s) for s in following), budget, limit)
+    more = len(shown) < len(following)
+    return dict(reply, sessions=shown, total=len(everyone), next=shown[-1]["session"] if more else None)
+
+
+def _cursor(req: Dict[str, Any]) -> Optional[int]:
+    """status's after: a session number, as a reply's next gives it."""
+    after = req.get("after")
+    if after is not None and not (whole(after) and 0 <= after < 2 ** 63):
+        raise Invalid("after must be a session number, an integer in [0, 2**63 - 1] (a reply's next)")
+    return after
 
 
 def ping(core: Core, req: Dict[str, Any]) -> Result:
@@ -44,7 +66,8 @@ def ping(core: Core, req: Dict[str, Any]) -> Result:
 def curves(core: Core, req: Dict[str, Any]) -> Result:
     """What the daemon remembers for the jobs' next runs (`memd curves`), one page at a time.
 
-    Request: optional after ([job, pool], the previous page's next). Reply: curves ([{job, pool,
+    Request: optional after ([job, pool], the previous page's next), limit (int in [1, 4096]:
+    curves a page holds at most). Reply: curves ([{job, pool, owner,
     points: [[batch, peak_bytes], ...] (oldest first), ceiling (int or null), updated (unix
     seconds)}], by job then pool), total (entries remembered), next ([job, pool] to ask for the
     next page with, or null on the last). A reply stays within MAX_MESSAGE_BYTES (memd.curves).
@@ -54,13 +77,15 @@ def curves(core: Core, req: Dict[str, Any]) -> Result:
             isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
         raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)"
                       % MAX_KEY_CHARS)
-    return learned.page(core.store.keys(), core.store.recall, after)
+    return learned.page(core.store.keys(), core.store.recall, after, limit=integer(req, "limit"))
 
 
-def forget(core: Core, req: Dict[str, Any]) -> Result:
+def forget(core: Core, req: Dict[str, Any], key: Optional[str] = None) -> Result:
     """Forget what was learned for a job, in every pool or one (`memd forget`); written to the
     state file at once. Whoever may connect may call it: they could as well teach the job's
-    curve anything with hello and report (docs/protocol.md, "Who may forget").
+    curve anything with hello and report (docs/protocol.md, "Who may forget"); but a client
+    admitted by its CURVE key (``key``) forgets only that key's curves and sessions, since it
+    can teach no other's.
 
     Request: job (str of 1 to 128 characters), optional pool (a pool key as `curves` shows it).
     Reply: forgotten (curves dropped), sessions (live sessions of the job, in that pool, whose
@@ -73,8 +98,9 @@ def forget(core: Core, req: Dict[str, Any]) -> Result:
         raise Invalid("job must not be empty")
     if pool == "":
         raise Invalid("pool must not be empty (leave it out to forget every pool)")
-    dropped = core.store.forget(job, pool)
-    sessions = [s for s in core.sessions if s.job == job and (pool is None or s.pool_key == pool)]
+    dropped = core.store.forget(job, pool, None if key is None else KEY_OWNER[1:] + key)
+    sessions = [s for s in core.sessions
+                if s.job == job and (pool is None or s.pool_key == pool) and key in (None, s.key)]
     for session in sessions:
         session.forget_learned()
     return {"forgotten": len(dropped), "sessions": len(sessions), "saved": core.store.flush()}
@@ -83,7 +109,8 @@ def forget(core: Core, req: Dict[str, Any]) -> Result:
 def session_view(s: SessionRecord) -> Result:
     """One session as `status` shows it."""
     return {
-        "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool, "pool_key": s.pool_key,
+        "session": s.sid, "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool,
+        "pool_key": s.pool_key,
         "reports": s.reports, "ooms": s.ooms, "latest_batch": s.latest_batch,
         "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes,
         # A plan held far past its curve (its GPU not known) predicted 2**71: more than msgpack carries

@@ -6,8 +6,8 @@ from typing import Optional
 import structlog
 
 from memd.core import Core
-from memd.sessions import OWNER, SessionRecord
-from memd.state import Memory
+from memd.sessions import SessionRecord
+from memd.state import Memory, split_owner
 
 log = structlog.get_logger("memd.ops")
 
@@ -42,8 +42,10 @@ def remember(core: Core, session: SessionRecord) -> None:
     while it runs: each write is the whole of this run's learning, so none counts twice.
     Only a session whose process the daemon watches (local: on this host, its pid checked)
     writes: one report under the name `llama-ft` from elsewhere replaced that job's curve (its
-    next run: batch 1 instead of 528), and 512 junk names evicted every curve."""
-    if not session.local:
+    next run: batch 1 instead of 528), and 512 junk names evicted every curve. A session that
+    came with an allow-listed CURVE key (a remote job) writes too, under that key alone: what
+    it reports may be anything, but it can only teach its own key's curves (planner.ownership)."""
+    if not session.local and session.key is None:
         return  # what it reported cannot be told from a forgery: planned by, never kept
     observations, ceiling, clean_runs = session.learned(core.config.policy.stable_steps)
     if session.pool_key is None or (not observations and ceiling is None and session.inherited_ceiling is None):
@@ -52,12 +54,13 @@ def remember(core: Core, session: SessionRecord) -> None:
 
 
 def recall(core: Core, session: SessionRecord) -> Optional[Memory]:
-    """What earlier runs of the session's job left under its key; else, for a job memd now
-    knows the owner of, what an earlier memd kept before keys had owners (read, never written:
-    its next save is its owner's)."""
+    """What earlier runs of the session's job left under its key; else, for a local job memd
+    now knows the owning user of, what an earlier memd kept before keys had owners (read, never
+    written: its next save is its owner's). A CURVE key's session reads its key's curves only:
+    an ownerless curve was a local job's."""
     if session.pool_key is None:
         return None
     memory = core.store.recall(session.job, session.pool_key)
-    if memory is None and session.owner is not None:
-        memory = core.store.recall(session.job, session.pool_key.rpartition(OWNER)[0])
+    if memory is None and session.owner is not None and session.key is None:
+        memory = core.store.recall(session.job, split_owner(session.pool_key)[0])
     return memory

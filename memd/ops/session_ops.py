@@ -49,7 +49,7 @@ class Hello(NamedTuple):
     cpus: Optional[float]
 
 
-def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Result:
+def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None, key: Optional[str] = None) -> Result:
     """Register a job.
 
     Request: job (str), pid (int), host (str), min_batch (int >= 1); optional max_batch,
@@ -77,7 +77,9 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
     job in a container is its process as the daemon sees it (watch.as_seen_here); a pid that
     belongs to another user than the one asking is not watched (watch.watchable), and
     when every slot is taken a user holding fewer sessions takes the newest of the user holding
-    the most (Sessions.crowding).
+    the most (Sessions.crowding). ``key``: the client's CURVE public key, as the allow-list
+    admitted it (None without CURVE): its curves are kept and read under that key, and it is one
+    user in the sharing of slots.
     """
     asked = read_hello(req)
     pid, host, pid_ns = watch.as_seen_here(core, asked.pid, asked.host, asked.pid_ns, asked.start_time, peer)
@@ -90,7 +92,7 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None) -> Resul
             raise Invalid("this nonce belongs to a session of another job")
         return {"token": earlier.token, "plan": memo.decide(core, earlier).plan.to_wire(),
                 "session_ttl": core.config.session_ttl}
-    session = _open(core, asked, local, unwatched, peer)
+    session = _open(core, asked, local, unwatched, peer, key)
     held = core.log_throttle.allow("hints") if asked.ignored else None  # a peer may repeat it: a line a minute
     if held is not None:
         log.warning("hints_ignored", job=session.job, session=session.sid, reasons=asked.ignored,
@@ -152,7 +154,8 @@ def read_hello(req: Dict[str, Any]) -> Hello:
     )
 
 
-def _open(core: Core, asked: Hello, local: bool, unwatched: Optional[str], peer: Optional[Peer]) -> SessionRecord:
+def _open(core: Core, asked: Hello, local: bool, unwatched: Optional[str], peer: Optional[Peer],
+          key: Optional[str] = None) -> SessionRecord:
     """A new session for a hello. When every slot (or the unwatched share) is taken, the dead
     make room, and are remembered and counted as ever; if still full, one user's flood gives
     way to another user's job (Sessions.crowding)."""
@@ -166,17 +169,16 @@ def _open(core: Core, asked: Hello, local: bool, unwatched: Optional[str], peer:
         rank=asked.rank, world_size=asked.world_size, device=asked.device, device_uuid=asked.device_uuid,
         visible_devices=asked.visible_devices, hints=dict(asked.hints), prior=prior_from_hints(asked.hints),
         cpus=asked.cpus, local_world_size=asked.local_world_size, unwatched=unwatched,
-        peer_uid=None if peer is None else peer.uid, peer_pid=None if peer is None else peer.pid,
+        peer_uid=None if peer is None else peer.uid, peer_pid=None if peer is None else peer.pid, key=key,
     )
     try:
         return core.sessions.open(**record)
     except TooManySessions:
         lifecycle.expire(core)
-        if core.sessions.full():
-            crowded = core.sessions.crowding(peer)
-            if crowded is not None:
-                core.sessions.close(crowded.token)
-                lifecycle.end(core, crowded, "evicted")
+        crowded = core.sessions.crowding(peer, key, local)
+        if crowded is not None:
+            core.sessions.close(crowded.token)
+            lifecycle.end(core, crowded, "evicted")
         return core.sessions.open(**record)
 
 

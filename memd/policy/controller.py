@@ -55,6 +55,13 @@ class WorkerFacts:
     batch_bytes: Optional[int] = None  # one batch's tensors, as the loader delivered it
     growth: int = 0  # what the live workers are on their way to add (held back from the batch's budget)
     follows: bool = False  # the job's loader runs the workers the plan keeps (MemdLoader)
+    # While ``cost`` is a projection to what a worker maps (their level not known yet): one
+    # worker's cost from evidence alone, the most any reached or a live one's own memory and its
+    # growth ahead. The projection then only stops growth; evidence alone cuts (_beside_workers).
+    evident: Optional[int] = None
+    # How many workers the job's loader runs: the median of the counts read within the horizon, as
+    # a loop that rebuilds its DataLoader has none for a moment, or its old and new ones at once.
+    running: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -96,22 +103,23 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
            cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
            workers: Optional[WorkerFacts] = None, host_total_bytes: Optional[int] = None,
            host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
-           settling: bool = False, budget_bytes: Optional[int] = None) -> Decision:
+           settling: bool = False, budget_bytes: Optional[int] = None, grow_dip: int = 0) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
     measured; by default its latest peak. ``settling``: the latest report is the first at its
     batch since a change (fit.Observation.settling). ``budget_bytes``: the budget to keep instead
     of the pool's, when what the job holds is unknown and the pool's free memory cannot be paired
-    with it."""
+    with it. ``grow_dip``: how much lower the pool's room was within the horizon; growth waits
+    for room at the lowest (planner.room_dip), while a cut goes by the room now."""
     budget: Optional[int]
     if budget_bytes is not None:
         budget = budget_bytes
     else:
         budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     current = state.batch
-    kept = None
+    kept = unproven = None
     at_ceiling = False
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
-        budget, kept = _beside_workers(limits, workers, curve, budget)
+        budget, kept, unproven = _beside_workers(limits, workers, curve, budget)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
@@ -120,6 +128,10 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         outgrown = latest_batch == current and curve.kills
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
         limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise)
+
+    if workers is not None and current is not None:
+        limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
+                                               limits, latest_peak, latest_batch, cfg)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -173,6 +185,34 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     predicted = curve.peak(batch) if curve is not None else None
     new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap)
     return Decision(plan, new_state, budget, predicted, at_ceiling)
+
+
+def _growth_beside_workers(limit: int, reason: str, current: int, workers: WorkerFacts, unproven: Optional[int],
+                           dip: int, curve: Optional[Curve], budget: Optional[int], limits: Limits,
+                           latest_peak: Optional[int], latest_batch: Optional[int],
+                           cfg: PolicyConfig) -> Tuple[int, str]:
+    """Where growth waits beside dataloader workers; cuts never do. Until the workers show their
+    level, their projection to all they map caps it (``unproven``, _beside_workers). While they
+    copy fast it waits: the pool and the workers are read apart (the group every sample, each
+    worker's pages at the job's read), and while fresh workers copied tens of MiB a second their
+    room read 0.14 GiB high at the moment the benchmark's loop was planned 209 where 87 had just
+    fit. And it goes no further than the lowest room within the horizon (``dip``, planner.room_dip)."""
+    if unproven is not None and limit > max(current, unproven):
+        held = max(current, unproven)
+        return held, "holding %d: its %d workers are still copying their dataset, and until they level off each " \
+            "may come to %.2f GiB" % (held, _running(workers), (_per_worker(workers) or 0) / GiB)
+    if limit > current and workers.growth > SETTLED * _running(workers) * (_per_worker(workers) or 0):
+        return current, "keeping %d: its workers are still growing (%.2f GiB within seconds), and growth waits " \
+            "until they settle" % (current, workers.growth / GiB)
+    if dip > 0 and budget is not None and limit > current:
+        low, _ = _memory_move(curve, budget - dip, limits, current, latest_peak, latest_batch, cfg)
+        if low <= current:
+            return current, "keeping %d: its room was %.2f GiB lower within the last %.0f s (its workers come and " \
+                "go): growth waits for room that lasts" % (current, dip / GiB, cfg.worker_horizon_seconds)
+        if low < limit * (1 - cfg.min_gain):
+            return low, "%d: where its room was lowest within the last %.0f s (%.2f GiB below now, as its " \
+                "workers come and go)" % (low, cfg.worker_horizon_seconds, dip / GiB)
+    return limit, reason
 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
@@ -296,6 +336,9 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         fits, peak / GiB, budget / GiB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 
 
+# Workers about to add more than this share of what they cost together are still growing.
+SETTLED = 0.1
+
 # Seed 000's worker table for unified machines, used before any worker is measured.
 _UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))
 
@@ -307,42 +350,59 @@ def _wanted(limits: Limits, facts: WorkerFacts) -> int:
     return max(1, int(facts.cpus)) if facts.cpus else 0
 
 
+def _running(facts: WorkerFacts) -> int:
+    return len(facts.uss) if facts.running is None else facts.running
+
+
 def _per_worker(facts: WorkerFacts) -> Optional[int]:
     return facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
 
 
-def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int) -> Tuple[int, Optional[int]]:
-    """(the batch's budget, the workers kept beside it; None before a worker is measured).
+def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve,
+                    budget: int) -> Tuple[int, Optional[int], Optional[int]]:
+    """(the batch's budget, the workers kept beside it, None before a worker is measured; the
+    largest batch the workers' projection allows, where it stops growth but may not cut).
 
     In a pool the batch shares with its workers, the number of workers is decided first, once
     for the pool: the most of those the job asked for whose measured cost leaves the batch at
     least half of what the pool allows with no worker (a smaller batch costs a step little, as
     accumulation keeps the effective batch; a loader with no worker leaves the loop waiting on
     its data: batch first, the benchmark's loader that asked for 4 ended with 0). The batch then
-    gets the rest. Decided after the batch, the count flipped 1, 0, 1 as the batch's peaks moved."""
+    gets the rest. Decided after the batch, the count flipped 1, 0, 1 as the batch's peaks moved.
+
+    Until the workers show where they level off, each is projected up to the anonymous memory it
+    maps, which may leave no batch at all: the benchmark's loop with four workers copying a
+    300 MB dataset was told batch 1 beside four projected at 0.59 GiB (they level at 0.31), and
+    at batch 1 they copied too slowly to ever show it. A projection is not evidence: it stops
+    the batch from growing, and only what the workers hold and are about to add cuts it."""
     per_worker = _per_worker(facts)
     wanted = _wanted(limits, facts)
     if not per_worker or not wanted:
-        return budget, None
+        return budget, None, None
     room = budget + facts.growth + sum(facts.uss)  # with no worker: their memory and growth come back
     half = max(limits.min_batch, curve.max_batch(room) // 2)
 
-    def left(kept: int) -> int:
+    def left(kept: int, each: int) -> int:
         # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them.
         prefetch = (limits.prefetch_factor or 2) if kept == wanted else 1
-        return room - kept * (per_worker + prefetch * (facts.batch_bytes or 0))
+        return room - kept * (each + prefetch * (facts.batch_bytes or 0))
 
     # A bisection, not a count down: the hint is the client's number, and 10**12 froze the daemon.
-    kept = wanted if curve.max_batch(left(wanted)) >= half else \
-        largest(lambda k: k < wanted and curve.max_batch(left(k)) >= half)
+    kept = wanted if curve.max_batch(left(wanted, per_worker)) >= half else \
+        largest(lambda k: k < wanted and curve.max_batch(left(k, per_worker)) >= half)
     # The batch goes beside the workers that live, if more than those kept: a loop with its own
     # DataLoader keeps the workers it built whatever the plan says (the benchmark's job that kept
     # its 4 was planned a batch beside 1 and killed). A loader that follows the plan shuts the
     # old ones down before the first batch of the new plan: beside those kept. (Planned beside
     # the 4 it was letting go, the benchmark's loader was told batch 1, and its 200 steps there
     # took 4 s, over before the daemon's next read of its processes.)
-    beside = kept if facts.follows else max(kept, len(facts.uss))
-    return (min(budget, left(beside)), kept) if beside else (budget, 0)
+    beside = kept if facts.follows else max(kept, _running(facts))
+    if not beside:
+        return budget, 0, None
+    projected = min(budget, left(beside, per_worker))
+    if facts.evident is None:
+        return projected, kept, None
+    return min(budget, left(beside, facts.evident)), kept, curve.max_batch(projected)
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],

@@ -51,6 +51,7 @@ FIELD_RANGES = {
     "step": (0, 2 ** 53),  # exact as a float
     "loader_workers": (0, 1024),  # a report's: the DataLoader workers its batch came from
     "step_seconds": (0, 10 ** 9),  # a number
+    "limit": (1, 4096),  # `curves` and `status`: the most entries a page holds (a page is also bounded in bytes)
 }
 
 #: A Kubernetes pod's UID where kubelet names a cgroup (.../kubepods/burstable/pod<UID>/...,

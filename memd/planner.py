@@ -19,6 +19,7 @@ from memd.config import PolicyConfig
 from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
+from memd.policy.frozen import evolve
 from memd.policy.growth import growth, keep
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
@@ -200,7 +201,7 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
         workers = sum(b for b in job.worker_bytes if b > 0)
         rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
     room = max(r for _, capacity, r, _ in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's reads only
-    return replace(pool, free_bytes=max(0, room - pool.own_bytes))
+    return evolve(pool, free_bytes=max(0, room - pool.own_bytes))
 
 
 def room_dip(pool: budget.Pool, session: SessionRecord, since: float) -> int:

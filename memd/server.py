@@ -74,14 +74,20 @@ class Server:
         self._ipc_path: Optional[str] = None
         self._dropped_bytes = 0  # in frames dropped since the heap was last trimmed
         self._trim_at = 0.0  # monotonic time before which it is not trimmed again
-        # The sender of the message being handled (None over TCP): read by handlers that must
-        # know who asks (hello), valid only while a handler runs; and whether its CURVE key has
-        # been taken off the allow-list since it connected.
-        self.peer: Optional[Peer] = None
+        # The first frame of the message being handled, whose properties name its sender (peer);
+        # and whether its CURVE key has been taken off the allow-list since it connected.
+        self._first: Optional[zmq.Frame] = None
         self.revoked = False
         # The sender's CURVE public key (Z85), as the allow-list admitted it: who a remote job is
         # (its curves and its share of the slots are that key's); None without CURVE.
         self.key: Optional[str] = None
+
+    @property
+    def peer(self) -> Optional[Peer]:
+        """The sender of the message being handled (None over TCP), for handlers that must know
+        who asks (hello); valid only while a handler runs. Read when asked: parsing it for
+        every message cost a report more than the hello that needs it."""
+        return _sender(self._first) if self._ipc_path is not None and self._first is not None else None
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
@@ -178,8 +184,7 @@ class Server:
         ``self.peer``. libzmq has the whole message by now (it delivers none before the last
         frame), but frames beyond the protocol's are neither copied nor kept: a 400-frame message
         was copied whole and echoed back (80 MB each way). Raises zmq.Again when nothing waits."""
-        first = self.sock.recv(_NOBLOCK, copy=False)
-        self.peer = _sender(first) if self._ipc_path is not None else None
+        first = self._first = self.sock.recv(_NOBLOCK, copy=False)
         self.key = _property(first, "User-Id") if self.zap is not None else None
         self.revoked = self.zap is not None and not self.zap.admits(self.key)
         frames = [first.bytes]

@@ -14,10 +14,11 @@ so the margin only covers what no report shows (kernel memory, others' growth be
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Tuple
 
 from memd.config import PolicyConfig
+from memd.policy.frozen import evolve
 from memd.sampling.snapshot import DISCRETE, Cgroup, Gpu, JobMemory, Snapshot, gpu_bytes
 
 HOST = "host"
@@ -53,10 +54,10 @@ class Pool:
         return greedy if self.share_bytes is None else min(greedy, max(self.share_bytes, held))
 
     def with_reserved(self, reserved_bytes: int) -> "Pool":
-        return replace(self, reserved_bytes=max(0, reserved_bytes))
+        return evolve(self, reserved_bytes=max(0, reserved_bytes))
 
     def with_share(self, share_bytes: Optional[int]) -> "Pool":
-        return replace(self, share_bytes=share_bytes)
+        return evolve(self, share_bytes=share_bytes)
 
 
 def fair_share(room: int, own_held: int, others: Sequence[Tuple[int, Optional[int]]]) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from memd.client.plan import Plan, make_plan, split_batch
@@ -25,6 +25,7 @@ from memd.units import GiB  # human output is in GiB
 
 from .budget import Pool, host_free, margin
 from .fit import Curve, largest
+from .frozen import evolve
 from .pressure import rank
 
 SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped
@@ -86,7 +87,7 @@ class Decision:
 
 def after_report(state: ControlState, batch: int) -> ControlState:
     """A clean step at ``batch``."""
-    return replace(state, stable=state.stable + 1 if batch == state.batch or state.batch is None else state.stable)
+    return evolve(state, stable=state.stable + 1 if batch == state.batch or state.batch is None else state.stable)
 
 
 def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig) -> ControlState:
@@ -182,7 +183,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
                      throttle=level == "critical",
                      fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4)
     predicted = curve.peak(batch) if curve is not None else None
-    new_state = replace(state, batch=batch, critical_cut=critical_cut, cap=cap)
+    new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap)
     return Decision(plan, new_state, budget, predicted, at_ceiling)
 
 

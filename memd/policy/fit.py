@@ -24,10 +24,15 @@ controller never jumps on a prior alone.
 from __future__ import annotations
 
 import collections
+import functools
+import itertools
 import math
+import operator
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from .frozen import evolve
 
 NOISE = 0.02  # assumed relative noise of one peak report before the job shows its own
 Z = 2.0  # standard errors of the fitted line added to the prediction
@@ -38,6 +43,10 @@ HIGH = 0.9  # the quantile of a step's excess over the middle line that the head
 # peak's upper mode comes in streaks (a real job was killed after 5 low reports at one batch;
 # its tail stood 1.4x, another's 1.8x, the range the reports had shown by then).
 SHOWN, SHOWN_K = 3, 2.0
+# Points memoised (point): a session holds at most 64 batch sizes (sessions.HISTORY) and a
+# daemon 256 sessions; fewer, and a round of decisions over every session would evict each
+# session's points before its next decision.
+POINTS_KEPT = 1 << 14
 LOCAL = 2.0  # the headroom is measured at the batch sizes within this factor of the largest
 # Real curves bend, and planning extrapolates from the largest batch: once the batch sizes
 # within LOCAL of it span at least this factor (three or more of them), the line is theirs.
@@ -114,7 +123,10 @@ class Curve:
         batch whose highest report, plus the noise, fits is kept whatever the line says: the
         budget already keeps a margin free, and the line may be unsure of a slope that the noise
         hides."""
-        fits = largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes)
+        # Both line and floor grow with the batch (their slopes are >= 0), so the search may
+        # start where the line alone meets the budget: a few steps, not twenty.
+        fits = largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes,
+                       near=_meets(self.fixed_bytes, self.per_sample_bytes, budget_bytes))
         seen = [s for s, top in self.observed
                 if top * (1 + self.noise) <= budget_bytes and s > fits and self.floor(s) <= budget_bytes]
         return max(seen + [fits])
@@ -123,13 +135,28 @@ class Curve:
 LARGEST = 1 << 20  # no batch is larger
 
 
-def largest(ok: Callable[[int], bool]) -> int:
-    """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails)."""
-    if not ok(1):
-        return 0
-    if ok(LARGEST):
-        return LARGEST
-    lo, hi = 1, LARGEST  # ok(lo), not ok(hi)
+def _meets(fixed: float, per_sample: float, budget: float) -> Optional[int]:
+    """Where fixed + per_sample x b meets ``budget``, within [1, LARGEST); None when it never does."""
+    if not per_sample > 0:
+        return None
+    at = (budget - fixed) / per_sample
+    return None if at != at else 1 if at < 1 else LARGEST - 1 if at >= LARGEST else int(at)  # at != at: NaN
+
+
+def largest(ok: Callable[[int], bool], near: Optional[int] = None) -> int:
+    """The largest b in [1, LARGEST] with ok(b), for ok true up to a point (0 when ok(1) fails).
+    ``near``: a guess to search from (galloping out of it, then halving), the same answer in
+    about 2 log2(distance) calls of ok instead of 21 where the guess is close."""
+    if near is not None and 1 <= near < LARGEST:
+        lo, hi = _bracket(ok, near)
+        if lo == 0 or hi == LARGEST + 1:
+            return lo if lo == 0 else LARGEST
+    else:
+        if not ok(1):
+            return 0
+        if ok(LARGEST):
+            return LARGEST
+        lo, hi = 1, LARGEST  # ok(lo), not ok(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(mid):
@@ -137,6 +164,29 @@ def largest(ok: Callable[[int], bool]) -> int:
         else:
             hi = mid
     return lo
+
+
+def _bracket(ok: Callable[[int], bool], near: int) -> Tuple[int, int]:
+    """(lo, hi) around the edge of ok, out from ``near``: ok(lo) and not ok(hi), with lo 0 when
+    ok(1) fails and hi LARGEST + 1 when ok(LARGEST) holds."""
+    step = 1
+    if ok(near):
+        lo = near
+        while True:
+            hi = lo + step
+            if hi >= LARGEST:
+                return (LARGEST, LARGEST + 1) if ok(LARGEST) else (lo, LARGEST)
+            if not ok(hi):
+                return lo, hi
+            lo, step = hi, step * 2
+    hi = near
+    while True:
+        lo = hi - step
+        if lo <= 1:
+            return (1, hi) if ok(1) else (0, hi)
+        if ok(lo):
+            return lo, hi
+        hi, step = lo, step * 2
 
 
 @dataclass(frozen=True)
@@ -168,7 +218,7 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     else:
         curve = _near_the_largest(points if kills else _without_spiked_batch(points, noise), base, noise,
                                   1.0 if kills else HIGH)
-    return replace(curve, observed=tuple((p.batch, p.top) for p in points), noise=noise, kills=kills)
+    return evolve(curve, observed=tuple((p.batch, p.top) for p in points), noise=noise, kills=kills)
 
 
 def assumed_spread(points: Sequence["Point"], noise: float) -> float:
@@ -179,17 +229,26 @@ def assumed_spread(points: Sequence["Point"], noise: float) -> float:
 
 
 class Point(NamedTuple):
-    """One batch size's credible reports (ascending)."""
+    """One batch size's credible reports (ascending), with what every fit reads of them worked
+    out once (point() makes one): a fit reads each batch size's median a dozen times."""
     batch: int
     peaks: Tuple[int, ...]
+    middle: float  # the median report
+    mean: float
+    scatter: Tuple[float, ...]  # each report's squared distance from the mean, in order
 
     @property
     def top(self) -> float:
         return float(self.peaks[-1])
 
-    @property
-    def middle(self) -> float:
-        return float(statistics.median(self.peaks))
+
+@functools.lru_cache(maxsize=POINTS_KEPT)
+def point(batch: int, peaks: Tuple[int, ...]) -> Point:
+    """A batch size's Point from its ``peaks``, sorted. Memoised: between two decisions of a job
+    only the batch sizes it reported at since have new peaks, and a fit of 28 batch sizes spent
+    a fifth of its time here."""
+    mean = statistics.fmean(peaks)
+    return Point(batch, peaks, float(statistics.median(peaks)), mean, tuple([(peak - mean) ** 2 for peak in peaks]))
 
 
 def aggregate(observations: Iterable[Observation], forgive_spikes: bool = True) -> List[Point]:
@@ -199,7 +258,7 @@ def aggregate(observations: Iterable[Observation], forgive_spikes: bool = True) 
         if obs.batch >= 1 and obs.peak_bytes > 0:
             by_batch[obs.batch].append(obs.peak_bytes)
     keep = _without_isolated_spike if forgive_spikes else list
-    return [Point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
+    return [point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
 
 
 def _without_isolated_spike(peaks: List[int]) -> List[int]:
@@ -250,6 +309,25 @@ def _without_spiked_batch(points: List[Point], noise: float = NOISE) -> List[Poi
     return points if worst is None else points[:worst] + points[worst + 1:]
 
 
+def excess_at(points: Sequence[Point], middles: Sequence[float], high: float) -> float:
+    """The ``high`` quantile of the reports' excess over their batch size's ``middles`` (at least
+    0). At the highest (``high`` 1, where an overshoot kills) over positive middles, that is the
+    excess of each batch size's top report: peaks are sorted and dividing by a positive number
+    keeps their order, so the same float comes without a quotient and a sort for every report
+    (excess_sorted, the general way, gives it too)."""
+    if high >= 1.0 and all(at > 0 for at in middles):
+        return max(0.0, max(p.peaks[-1] / at - 1 for p, at in zip(points, middles)))
+    return excess_sorted(points, middles, high)
+
+
+def excess_sorted(points: Sequence[Point], middles: Sequence[float], high: float) -> float:
+    excess: List[float] = []
+    for p, at in zip(points, middles):
+        excess += [peak / at - 1 for peak in p.peaks]
+    excess.sort()
+    return max(0.0, excess[min(len(excess) - 1, int(high * len(excess)))])
+
+
 def _ols(xs: Sequence[float], ys: Sequence[float]) -> Optional[Tuple[float, float]]:
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
@@ -290,49 +368,40 @@ def _near_the_largest(points: List[Point], base: Optional[float], spread: float,
     through all of them. Drawn through all, the embedding row's line (0.41 MiB a sample from 256
     to 3480, 0.33 from 6501 to 8714) stood 150-180 MiB above the steps that ran at 9123-9465 in
     its 8 GiB group, and held the job at 92 % of the batch that fits."""
-    every = _line(points, base, spread, high)
-    near = [p for p in points if p.batch * LOCAL >= points[-1].batch]
+    near = _near(points)
     if len(near) < 3 or len(near) == len(points) or near[0].batch * SPAN > near[-1].batch:
-        return every
-    return replace(_line(near, base, spread, high), left=(near[0].batch, every.fixed_bytes, every.per_sample_bytes))
+        return _line(points, base, spread, high)
+    return _line(near, base, spread, high, left=(near[0].batch,) + _raised(points, spread, high))
 
 
-def _line(points: List[Point], base: Optional[float], spread: float, high: float = HIGH) -> Curve:
+def _near(points: List[Point]) -> List[Point]:
+    """The batch sizes within LOCAL of the largest: a tail of ``points``, which are ascending."""
+    last, at = points[-1].batch, len(points)
+    while at and points[at - 1].batch * LOCAL >= last:
+        at -= 1
+    return points[at:]
+
+
+_middle, _peaks = operator.attrgetter("middle"), operator.attrgetter("peaks")
+_TWOS = itertools.repeat(2)  # the exponent of each square in _line's sums
+
+
+def _line(points: List[Point], base: Optional[float], spread: float, high: float = HIGH,
+          left: Optional[Tuple[int, float, float]] = None) -> Curve:
     """The middle line through the batch sizes' median reports, raised by the headroom a step
     needs above it (a high quantile of the reports' excess, robust to rare spikes) and widened
     by the line's confidence band."""
-    xs = [float(p.batch) for p in points]
-    ys = [p.middle for p in points]
-    ws = [len(p.peaks) for p in points]  # a median of k reports is k times as sure (about)
-    n, w = len(points), sum(ws)
-    mx, my = sum(k * x for k, x in zip(ws, xs)) / w, sum(k * y for k, y in zip(ws, ys)) / w
-    sxx = sum(k * (x - mx) ** 2 for k, x in zip(ws, xs))
-    slope = sum(k * (x - mx) * (y - my) for k, x, y in zip(ws, xs, ys)) / sxx
+    ys, ws, w, mx, my, dx, sxx, slope = _fitted(points)
     # Per-report noise: the assumed level counts as PRIOR_POINTS residuals; the job's own
     # scatter (the batch sizes' around the line, the reports' around their batch's) takes over
     # as it reports more, never below a tenth of the assumed level.
-    residual2 = sum(k * (y - (my + slope * (x - mx))) ** 2 for k, x, y in zip(ws, xs, ys))
-    means = [statistics.fmean(p.peaks) for p in points]  # once a batch size: 64 reports at one were 64 x 64
-    residual2 += sum((peak - mean) ** 2 for p, mean in zip(points, means) for peak in p.peaks)
+    residual2: float = sum(map(operator.mul, ws, map(pow, [y - (my + slope * d) for y, d in zip(ys, dx)], _TWOS)))
+    residual2 += sum(itertools.chain.from_iterable(p.scatter for p in points))  # (peak - mean) ** 2, in order
     sigma = max(math.sqrt((PRIOR_POINTS * (NOISE * my) ** 2 + residual2) / (PRIOR_POINTS + w - 2)), NOISE * my / 10)
     se = sigma / math.sqrt(sxx)
     slope = max(0.0, slope)
     confidence = slope / (slope + Z * se) if slope + Z * se > 0 else 1.0  # 1 when the data pin the slope down
-
-    def middle(x: float) -> float:
-        return my + slope * (x - mx)
-
-    # Headroom of one step over the middle line: the ``high`` quantile of the reports' excess
-    # (the 90th, ignoring rare spikes, where an overshoot can be caught; the highest where it
-    # kills), and never less than the spread assumed (assumed_spread). Measured where planning
-    # works, at the batch sizes within LOCAL of the largest, as a share of the peak there: real
-    # curves bend, and a CNN's line from batch 32 to 1279 stood 200 MiB below its report at 358
-    # (the step from 32 to 178 cost more per sample than the rest); taken as headroom for every
-    # batch, that excess left a fifth of its 2 GiB group unused.
-    upper = [p for p in points if p.batch * LOCAL >= points[-1].batch]
-    excess = sorted(peak / at - 1 for p in upper for at in (middle(p.batch),) for peak in p.peaks)
-    seen = max(0.0, excess[min(len(excess) - 1, int(high * len(excess)))])
-    headroom = max(seen, spread)
+    headroom = _headroom(points, mx, my, slope, spread, high)
     cap = None
     if base is not None:
         # Memory held between steps is batch-independent: (peak - base) / batch bounds
@@ -340,5 +409,44 @@ def _line(points: List[Point], base: Optional[float], spread: float, high: float
         bound = max(0.0, max((p.top - base) / p.batch for p in points))
         cap = (max(p.top - bound * p.batch for p in points), bound)
     scale = 1 + headroom
-    return Curve(max(0.0, (my - slope * mx) * scale), slope * scale, "fit", n, round(max(0.0, min(1.0, confidence)), 3),
-                 band=(Z * sigma, w, mx, sxx), cap=cap)
+    return Curve(max(0.0, (my - slope * mx) * scale), slope * scale, "fit", len(points),
+                 round(max(0.0, min(1.0, confidence)), 3), band=(Z * sigma, w, mx, sxx), cap=cap, left=left)
+
+
+def _raised(points: List[Point], spread: float, high: float) -> Tuple[float, float]:
+    """(fixed_bytes, per_sample_bytes) of _line(points, ...), all that the line through every
+    batch size is read for where the ones near the largest draw the curve (its left)."""
+    _, _, _, mx, my, _, _, slope = _fitted(points)
+    slope = max(0.0, slope)
+    scale = 1 + _headroom(points, mx, my, slope, spread, high)
+    return max(0.0, (my - slope * mx) * scale), slope * scale
+
+
+def _fitted(points: List[Point]) -> Tuple[List[float], List[int], int, float, float, List[float], float, float]:
+    """The least-squares line through the batch sizes' medians, each weighted by its reports:
+    (medians, weights, their sum, mean batch, mean median, each batch less the mean, Sxx, slope).
+    The sums run over map()s, not generators (a fit's time went to them), term by term as
+    k * (x - mx) ** 2 and the rest are written: the same floats in the same order."""
+    xs = [float(p.batch) for p in points]
+    ys = list(map(_middle, points))
+    ws = list(map(len, map(_peaks, points)))  # a median of k reports is k times as sure (about)
+    w = sum(ws)
+    mx: float = sum(map(operator.mul, ws, xs)) / w
+    my: float = sum(map(operator.mul, ws, ys)) / w
+    dx = [x - mx for x in xs]
+    sxx: float = sum(map(operator.mul, ws, map(pow, dx, _TWOS)))  # k * (x - mx) ** 2
+    # k * (x - mx) * (y - my)
+    slope: float = sum(map(operator.mul, map(operator.mul, ws, dx), [y - my for y in ys])) / sxx
+    return ys, ws, w, mx, my, dx, sxx, slope
+
+
+def _headroom(points: List[Point], mx: float, my: float, slope: float, spread: float, high: float) -> float:
+    """Headroom of one step over the middle line (my + slope (x - mx)): the ``high`` quantile of
+    the reports' excess (the 90th, ignoring rare spikes, where an overshoot can be caught; the
+    highest where it kills), and never less than the spread assumed (assumed_spread). Measured
+    where planning works, at the batch sizes within LOCAL of the largest, as a share of the peak
+    there: real curves bend, and a CNN's line from batch 32 to 1279 stood 200 MiB below its
+    report at 358 (the step from 32 to 178 cost more per sample than the rest); taken as
+    headroom for every batch, that excess left a fifth of its 2 GiB group unused."""
+    upper = _near(points)
+    return max(excess_at(upper, [my + slope * (p.batch - mx) for p in upper], high), spread)

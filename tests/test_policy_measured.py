@@ -556,3 +556,20 @@ def test_beside_workers_still_growing_the_batch_waits():
         "keeping 87: its workers are still growing (0.67 GiB within seconds)"), growing.reason
     assert plan(100).batch_size == plan(0).batch_size  # under a tenth of 4 x 327 MiB: settled enough
     assert plan(685, free=500).batch_size < 87  # a cut is not held back
+
+
+def test_a_decisive_cut_halves_the_batch_at_most():
+    """The benchmark's loop beside four workers (helpers, at 9a0e2c0): its line through batches
+    16-36 gave a fraction of a MiB a sample, its step at 16 peaked 0.71 GiB where the budget had
+    fallen to 0.69, and "down to 1, where it would fit" followed: at 1 its steps give back next to
+    nothing more, and its workers copy too slowly to learn from. A cut now halves at most; the
+    next step shows where the job stands."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(702 * MiB, 0.4 * MiB, "fit", 5, 1.0, observed=((16, 727 * MiB),), noise=0.01, kills=True)
+    budget = int(0.69 * GiB)
+    decision = decide(curve, Pool("host", "cpu", 2 * GiB, budget, None, 0), Limits(), ControlState(batch=16), "ok",
+                      CFG, latest_batch=16, latest_peak=727 * MiB, budget_bytes=budget)
+    assert decision.plan.batch_size == 8, decision.plan.reason
+    assert decision.plan.reason.startswith("down to 8, half of 16, which fits no longer"), decision.plan.reason
+    assert decision.state.cap[:2] == (16, 8)

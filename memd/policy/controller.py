@@ -240,7 +240,14 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
         return limit, reason, cap
     if limit < current and outgrown_here and not reason.startswith("probing"):
         # The job's own steps at this batch say it no longer fits: go decisively below, and stay.
-        if clear is not None and clear < limit and clear < current * (1 - cfg.min_gain):
+        if clear is not None and clear < limit and clear < current // 2:
+            # Half at most: a line through batch sizes close together gave a job beside workers a
+            # cost per sample of a fraction of a MiB and sent it from 16 to 1, where its steps
+            # give back next to nothing more and its workers copy too slowly to learn from.
+            limit, reason = max(1, current // 2), "down to %d, half of %d, which fits no longer: its latest step " \
+                "plus the %.0f %% spread passes the %.2f GiB budget, and its line would go to %d" % (
+                    max(1, current // 2), current, 100 * spread, budget / GiB, max(1, clear))
+        elif clear is not None and clear < limit and clear < current * (1 - cfg.min_gain):
             limit, reason = max(1, clear), "down to %d, where it would fit: %d fits no longer, its latest step plus " \
                 "the %.0f %% spread passes the %.2f GiB budget" % (max(1, clear), current, 100 * spread, budget / GiB)
         elif limit > current * (1 - cfg.min_gain):

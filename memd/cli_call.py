@@ -55,9 +55,14 @@ def follow(ask: Callable[[Any], Dict[str, Any]], items: str, cursor: Callable[[A
         after = following
 
 
+def asker(op: str, args: argparse.Namespace) -> Callable[[Any], Dict[str, Any]]:
+    """One page of ``op`` at the daemon the flags name: ``ask(after)`` as follow() takes it."""
+    return lambda after: call(op, args, **({} if after is None else {"after": after}))
+
+
 def paged(op: str, args: argparse.Namespace, items: str, cursor: Callable[[Any], bool]) -> Dict[str, Any]:
     """``op``'s reply at the daemon the flags name, every page of it (follow)."""
-    return follow(lambda after: call(op, args, **({} if after is None else {"after": after})), items, cursor)
+    return follow(asker(op, args), items, cursor)
 
 
 def session_number(value: Any) -> bool:

@@ -123,7 +123,7 @@ def _gib(value: int) -> str:
 
 def _curves(args: argparse.Namespace) -> int:
     try:
-        curves = cli_call.paged("curves", args, "curves", _curve_cursor)["curves"]
+        curves = fetch(cli_call.asker("curves", args))
     except DaemonUnavailable as exc:
         return _unavailable(exc)
     if args.json:

@@ -352,14 +352,14 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             course = memo.worker_courses.setdefault(pid, [])
             if proc.cpu_seconds is not None:
                 keep(course, proc.cpu_seconds, held)
-            one = growth(reads, proc.anon_bytes if proc.anon_bytes is not None else rss,
-                         cfg.worker_horizon_seconds, course)
+            bound = proc.anon_bytes if proc.anon_bytes is not None else rss
+            one = growth(reads, bound, cfg.worker_horizon_seconds, course)
             if one.level is not None:  # a levelled worker's word on the job's level, else the most worked one's
                 told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level)
                 if memo.worker_level is None or told[:2] >= memo.worker_level[:2]:
                     memo.worker_level = told
             memo.worker_reached = max(memo.worker_reached, held)
-            seen.append((pid, held, one, proc.anon_bytes if proc.anon_bytes is not None else rss))
+            seen.append((pid, held, one, bound))
         level = memo.worker_level[2] if memo.worker_level is not None else None
         ahead = projected = evident = 0
         for pid, held, one, bound in seen:

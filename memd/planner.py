@@ -20,7 +20,7 @@ from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.frozen import evolve
-from memd.policy.growth import growth, keep
+from memd.policy.growth import RATE_SPAN, growth, keep
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
 from memd.sessions import KEY_OWNER, OWNER, SessionRecord
@@ -28,6 +28,9 @@ from memd.units import GiB
 
 AGREE = 0.10  # a remembered curve is trusted when it predicts the first report within 10 %
 MAX_WORKERS, WORKER_READS = 64, 8  # workers followed per session, and reads of each kept
+# Reads of a worker are kept this far apart (the latest replaces a closer one), so the reads kept
+# span a rate's RATE_SPAN: a job reporting five steps a second is read as often.
+READ_GAP = RATE_SPAN / (WORKER_READS - 1)
 # Seconds of the workers' growth held back from the batch: two job reads (2 s apart), the plan
 # reaching the loop, and a step or two there at the new batch.
 GROWTH_AHEAD = 10.0
@@ -191,17 +194,20 @@ def check_remembered(session: SessionRecord, first: Observation) -> None:
 
 
 def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]) -> budget.Pool:
-    """A host pool's room (free plus what the trainer holds), as the larger of this job read's
-    and the one before: a read that lands in a step's large free comes tens of MiB low (one in
-    forty after the sampler's median), and a real drop shows in two reads in a row."""
+    """A host pool's room (free, what the trainer holds and what its workers own), as the larger
+    of this job read's and the one before: a read that lands in a step's large free comes tens
+    of MiB low (one in forty after the sampler's median), and a real drop shows in two reads in a
+    row. The workers' memory is counted in both reads: free alone falls as they copy, and the
+    free read as a rebuilt loader's old workers had gone, beside the new ones' pages, read
+    0.12 GiB high (the benchmark's loop went from 115 to 207 on it)."""
     if pool.name != budget.HOST or pool.own_bytes is None or job is None:
         return pool
     rooms = session.planner.rooms
+    workers = sum(b for b in job.worker_bytes if b > 0)
     if not rooms or rooms[-1][0] != job.monotonic:
-        workers = sum(b for b in job.worker_bytes if b > 0)
         rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
-    room = max(r for _, capacity, r, _ in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's reads only
-    return evolve(pool, free_bytes=max(0, room - pool.own_bytes))
+    room = max(r + w for _, capacity, r, w in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's only
+    return evolve(pool, free_bytes=max(0, room - workers - pool.own_bytes))
 
 
 def room_dip(pool: budget.Pool, session: SessionRecord, since: float) -> int:
@@ -318,7 +324,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
     maps (0.6 GiB where the benchmark's workers level near 0.31), and that projection only stops
     the batch from growing (controller._beside_workers): what cuts it is evidence (``evident``),
     the most any worker reached this run and what the live ones hold and will add within
-    GROWTH_AHEAD at their rate. Fresh workers look cheap: taken at their own size, a loop that
+    GROWTH_AHEAD at a rate read over seconds (growth.RATE_SPAN). A level read off a course is a
+    projection too, until a worker levels off. Fresh workers look cheap: taken at their own size, a loop that
     rebuilt its DataLoader at each change of batch was planned 342 beside four of them, and
     killed at 526 when they grew; taken at the projection, the same loop was told batch 1 for
     its whole run, where its workers copied too slowly to ever show their level. What the live
@@ -348,7 +355,10 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             rss = proc.rss_bytes or 0
             held = proc.uss_bytes if proc.uss_bytes is not None else rss
             reads = memo.worker_reads.setdefault(pid, collections.deque(maxlen=WORKER_READS))
-            reads.append((job.monotonic, proc.cpu_seconds, held))
+            if len(reads) >= 2 and reads[-1][0] - reads[-2][0] < READ_GAP:
+                reads[-1] = (job.monotonic, proc.cpu_seconds, held)  # the latest, the older ones spaced
+            else:
+                reads.append((job.monotonic, proc.cpu_seconds, held))
             course = memo.worker_courses.setdefault(pid, [])
             if proc.cpu_seconds is not None:
                 keep(course, proc.cpu_seconds, held)
@@ -361,30 +371,39 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             memo.worker_reached = max(memo.worker_reached, held)
             seen.append((pid, held, one, bound))
         level = memo.worker_level[2] if memo.worker_level is not None else None
-        ahead = projected = evident = 0
+        ahead = copying = projected = evident = 0
         for pid, held, one, bound in seen:
-            soon = int(min(one.rate * GROWTH_AHEAD, max(0, one.projected - held)))
-            if one.level is not None:
-                memo.worker_projected[pid] = one.projected
-            elif level is not None:
-                # Fresh workers copy the same dataset: they cost the job's level, or more as they pass it.
+            # What it adds within GROWTH_AHEAD at its rate; a fresh fork's first burst is no course,
+            # but while it lasts the room read beside it runs high (controller._growth_beside_workers).
+            rushing = int(min(one.rate * GROWTH_AHEAD, max(0, one.projected - held)))
+            soon = rushing if one.sustained else 0
+            copying += rushing
+            if level is not None:
+                # The workers copy the same dataset: each costs the job's level, or more as it passes it
+                # (a fresh one's own course, a burst, once read 0.49 GiB where they level at 0.31).
                 memo.worker_projected[pid] = max(level, held + soon)
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
-            projected, evident = max(projected, memo.worker_projected[pid]), max(evident, held + soon)
+            evident = max(evident, held + soon)
+            projected = max(projected, memo.worker_projected[pid])
             ahead += soon
         if level is not None:
             memo.worker_inherited = 0
         memo.worker_cost = max(memo.worker_reached, projected, memo.worker_inherited)
-        memo.worker_evident = 0 if level is not None else max(memo.worker_reached, evident)
-        memo.worker_growth = ahead
+        # Read off a course, a level is still a projection (it erred 3-8 % high on the recorded
+        # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
+        # that did level off makes it evidence that may cut.
+        levelled = memo.worker_level is not None and memo.worker_level[0]
+        memo.worker_evident = 0 if levelled else max(memo.worker_reached, evident)
+        memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
     since = job.monotonic - cfg.worker_horizon_seconds if job is not None else math.inf
     recent = [n for at, n in memo.worker_counts if at >= since]
     return WorkerFacts(cpus=cpus, uss=uss, cost=memo.worker_cost or None, batch_bytes=session.batch_bytes,
                        evident=memo.worker_evident or None,
                        running=int(statistics.median_low(recent)) if recent else None,
-                       growth=memo.worker_growth if job is not None else 0, follows=session.follows_workers)
+                       growth=memo.worker_growth if job is not None else 0,
+                       copying=memo.worker_copying if job is not None else 0, follows=session.follows_workers)
 
 
 def settling(session: SessionRecord) -> bool:

@@ -573,3 +573,148 @@ def test_a_decisive_cut_halves_the_batch_at_most():
     assert decision.plan.batch_size == 8, decision.plan.reason
     assert decision.plan.reason.startswith("down to 8, half of 16, which fits no longer"), decision.plan.reason
     assert decision.state.cap[:2] == (16, 8)
+
+
+def test_a_level_read_off_a_course_stops_growth_and_only_a_levelled_one_cuts():
+    """The benchmark's loop beside its four workers, at 266a568 (a probe with the plan's figures
+    logged): at batch 41 (its step peaking at 743 MiB, the trainer holding 731 in a group with
+    301 free) its workers at 256-260 MiB, about to add 247 MiB within 10 s, had their level read
+    off a course as 327 MiB (0.33 GiB with what they add). Taken as evidence it left a budget of
+    0.70 GiB: 12, then 9, 8, 7 and, once the rebuilt workers read lower still, down to 1 for the
+    rest of the run, where the probes ran 140 beside four levelled workers. Read off a course a
+    level erred 3-8 % high on the recorded traces (4 samples of this flat CNN a MiB), so it stops
+    growth; what the workers hold and add within 10 s cuts, and a level a worker reached cuts."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(698 * MiB, 1.1 * MiB, "fit", 2, 1.0, observed=((41, 743 * MiB),), noise=0.02, kills=True)
+    pool = Pool("host", "cpu", 2 * GiB, 301 * MiB, 731 * MiB, 20 * MiB).with_reserved(247 * MiB)
+
+    def plan(evident):
+        facts = WorkerFacts(uss=(260 * MiB, 256 * MiB, 257 * MiB, 256 * MiB), cost=332 * MiB, running=4,
+                            growth=247 * MiB, evident=evident * MiB if evident else None)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=41), "ok", CFG, workers=facts,
+                      latest_batch=41, latest_peak=743 * MiB, held_peak=731 * MiB).plan
+
+    estimated = plan(320)  # 258 held + 62 within 10 s: what evidence says each will come to
+    assert estimated.batch_size == 41, estimated.reason
+    assert estimated.reason.startswith("holding 41: its 4 workers are still copying their dataset, and until "
+                                       "they level off each may come to 0.32 GiB"), estimated.reason
+    cut = plan(None)  # a level they reached at 332 MiB leaves no room for 41: cut (by half at most)
+    assert cut.batch_size == 20 and cut.reason.startswith("down to 20, half of 41, which fits no longer"), cut.reason
+
+
+def test_a_level_is_evidence_once_a_worker_levelled_off():
+    """On the recorded traces (four workers at batch 64), the job's workers keep a cost from
+    evidence (what they hold and add within 10 s) while their level is only read off a course,
+    and lose it once one has levelled off: its level is what they cost."""
+    import json
+    import os
+
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
+        reads = json.load(f)["batch 64, 4 workers, 700 steps"]
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+    seen = []
+    for at, workers in reads:
+        procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
+                          cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
+        facts = worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+        seen.append((session.planner.worker_level, facts.evident))
+    estimated = [evident for level, evident in seen if level is not None and not level[0]]
+    levelled = [evident for level, evident in seen if level is not None and level[0]]
+    assert estimated and all(e is not None and e <= 316 * MiB for e in estimated)  # never past what they reach
+    assert levelled and all(e is None for e in levelled)
+
+
+def test_a_fresh_forks_first_burst_is_not_its_course():
+    """The benchmark's loop beside its four workers at 266a568 (probes with the plan's figures
+    logged). Within a second its fresh workers went from 15-22 MiB to 25-34 (their first batches
+    prefetched), and that rate over 10 s, 0.67 GiB, was taken as evidence: 32 was cut to 25, 12
+    and 1 within 2 s, and at batch 1 its workers never showed their level. In another run, at
+    126 (90 % of the 140 the probes ran), its rebuilt workers' first second, 1.25 GiB within
+    10 s, was held back from the budget and cut it to 63 and 1. A rate counts once read over
+    5 s; what the workers hold always does; growth waits while they rush."""
+    from memd.planner import worker_facts
+    from memd.policy.budget import Pool
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+
+    def read(at, uss, cpu):
+        procs = (ProcessMemory(7, 1, "trainer", 727 * MiB, None, None),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 617 * MiB, None, u * MiB, anon_bytes=594 * MiB,
+                          cpu_seconds=cpu) for i, u in enumerate(uss))
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+
+    read(100.0, (22, 15, 21, 20), 0.05)
+    burst = read(100.5, (34, 34, 25, 25), 0.5)
+    assert burst.evident == 34 * MiB and burst.growth == 0  # neither counted nor held back from the budget
+    assert burst.copying > 600 * MiB  # but growth waits while it lasts: the room read beside it runs high
+    curve = Curve(698 * MiB, 1.1 * MiB, "fit", 2, 1.0, observed=((32, 733 * MiB),), noise=0.07, kills=True)
+    pool = Pool("host", "cpu", 2 * GiB, (2048 - 727 - 118) * MiB, 727 * MiB, 20 * MiB).with_reserved(burst.growth)
+    plan = decide(curve, pool, Limits(num_workers=4), ControlState(batch=32), "ok", CFG, workers=burst,
+                  latest_batch=32, latest_peak=733 * MiB, held_peak=727 * MiB).plan
+    assert plan.batch_size == 32 and plan.reason.startswith("holding 32: its 4 workers are still copying"), plan.reason
+    for i in range(1, 8):  # then 5 MiB a second each for seven seconds: a course, counted
+        copying = read(100.5 + i, tuple(u + 5 * i for u in (34, 34, 25, 25)), 0.5 + 0.2 * i)
+    assert copying.cost == 594 * MiB  # no level told: a steady course
+    assert copying.evident >= (34 + 35 + 50) * MiB  # what the most grown holds, and 10 s more of it
+
+
+def test_growth_beside_workers_goes_by_the_lowest_room_even_before_their_level_is_known():
+    """The benchmark's loop beside its four workers (a probe with the plan's figures logged): at
+    65, its rebuilt workers at 82-86 MiB, their level read off a course as 333 MiB, its room
+    (free, the trainer and the workers' own memory) read 2244 MiB where it had read 2109 two
+    seconds before. On that read the workers' projection let it grow to 130 and 164, past the
+    140 the probes had run (and at 266a568 140 was killed). Growth goes by the lowest room
+    within the horizon here too, and waits while the workers rush."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(697 * MiB, 1.1 * MiB, "fit", 4, 1.0, observed=((65, 770 * MiB),), noise=0.01, kills=True)
+    pool = Pool("host", "cpu", 2 * GiB, 1141 * MiB, 767 * MiB, 20 * MiB)
+    facts = WorkerFacts(uss=(84 * MiB, 84 * MiB, 82 * MiB, 86 * MiB), cost=333 * MiB, evident=258 * MiB, running=4)
+
+    def plan(dip, copying=0):
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=65), "ok", CFG,
+                      workers=replace(facts, copying=copying * MiB), latest_batch=65, latest_peak=770 * MiB,
+                      held_peak=767 * MiB, grow_dip=dip * MiB).plan
+
+    assert plan(0).batch_size > 100  # on the high read alone
+    low = plan(2244 - 2109)
+    assert low.batch_size == 65, low.reason
+    # Nor while they rush (616 MiB within 10 s at their first burst's rate), whatever the projection allows.
+    rushing = plan(0, copying=616)
+    assert rushing.batch_size == 65 and rushing.reason.startswith("keeping 65: its workers are still growing"), \
+        rushing.reason
+
+
+def test_the_room_beside_workers_counts_their_memory_in_every_read():
+    """A loop that rebuilds its four workers at each change of batch (the benchmark's, a probe at
+    266a568 with the plan's figures logged): one read of its 2 GiB group came as the old workers
+    had gone and before the new ones had copied anything, the next with the new ones holding
+    0.34 GiB. The larger free of the two, beside the new workers' memory, counted that memory
+    twice, and the job went from 115 to 207. The room compared is free, the trainer and the
+    workers together."""
+    from memd.planner import steadied
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+
+    def free(at, usage, workers):
+        procs = (ProcessMemory(7, 1, "trainer", 802 * MiB, None, None),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 617 * MiB, None, w * MiB) for i, w in enumerate(workers))
+        cg = Cgroup(1, "/memd-bench", 2 * GiB, usage * MiB, working_set_bytes=usage * MiB, reclaimable_bytes=0)
+        job = JobMemory(pid=7, processes=procs, cgroup=cg, errors=(), monotonic=at, trainer_rss_bytes=802 * MiB)
+        return steadied(host_pool(host(), job, CFG), session, job).free_bytes // MiB
+
+    assert free(1.0, 1002, ()) == 1046  # the old workers gone, the new ones not read yet
+    assert free(2.0, 1348, (87, 83, 88, 88)) == 700  # their 346 MiB is in use, not room (1046 before)

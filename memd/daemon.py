@@ -219,7 +219,7 @@ class Daemon:
         return handlers
 
     def _viewer(self) -> visibility.Viewer:
-        return visibility.viewer(self.server.peer, self.server.key, os.geteuid())
+        return visibility.viewer(self.server.sender(pid=False), self.server.key, os.geteuid())
 
     def _alive(self, session: SessionRecord) -> bool:
         if not session.local:

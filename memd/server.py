@@ -88,14 +88,19 @@ class Server:
     def peer(self) -> Optional[Peer]:
         """The sender of the message being handled, in the kernel's word: the ipc socket's
         credentials, or a loopback TCP connection's owner (memd.loopback, by the message's SRCFD);
-        None where neither tells. For handlers that must know who asks (hello, status, curves,
-        forget); valid only while a handler runs. Read when asked: parsing it for every message
-        cost a report more than the hello that needs it."""
+        None where neither tells. For handlers that must know who asks (hello); valid only while
+        a handler runs. Read when asked: parsing it for every message cost a report more than
+        the hello that needs it."""
+        return self.sender()
+
+    def sender(self, pid: bool = True) -> Optional[Peer]:
+        """``peer``; over TCP its process looked for only when ``pid`` asks (status, curves and
+        forget need the user alone, and the scan is the costly part of a lookup)."""
         if self._first is None:
             return None
         if self._ipc_path is not None:
             return _sender(self._first)
-        return self.loopback.of(_descriptor(self._first)) if self.endpoint.startswith("tcp://") else None
+        return self.loopback.of(_descriptor(self._first), pid) if self.endpoint.startswith("tcp://") else None
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""

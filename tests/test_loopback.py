@@ -1,5 +1,6 @@
-"""Who a loopback TCP peer is (memd.loopback): the kernel's tables read as a fixture and for real,
-on real socket pairs of this process, and the per-connection cache."""
+"""Who a loopback TCP peer is (memd.loopback): the kernel's answer (sock_diag, and the
+/proc/net/tcp tables where netlink is refused: as a fixture and for real) on real connections of
+this process, and the per-connection cache."""
 import os
 import socket
 
@@ -30,7 +31,7 @@ def test_only_a_loopback_peer_is_looked_up():
     assert not list(loopback.rows(("10.0.0.2", 41000), ("10.0.0.1", 5555)))
     assert not list(loopback.rows(("::ffff:10.0.0.2", 41000, 0, 0), ("::ffff:127.0.0.1", 5555, 0, 0)))
     assert not list(loopback.rows(("not an address", 1), ("127.0.0.1", 5555)))
-    assert loopback.identify(("10.0.0.2", 41000), ("10.0.0.1", 5555)) is None
+    assert loopback.owner(("10.0.0.2", 41000), ("10.0.0.1", 5555)) is None
 
 
 def test_the_peers_row_gives_its_uid_and_inode_past_a_closed_one():
@@ -65,6 +66,34 @@ def connection(family=socket.AF_INET, host="127.0.0.1"):
     return server, client, server.accept()[0]
 
 
+def test_the_kernels_two_answers_agree_on_real_connections():
+    """sock_diag and the tables name the client's own socket, in both families and for an IPv4
+    client of a dual-stack server."""
+    opened = []
+    try:
+        for family, host, server_family in ((socket.AF_INET, "127.0.0.1", socket.AF_INET),
+                                            (socket.AF_INET6, "::1", socket.AF_INET6),
+                                            (socket.AF_INET, "127.0.0.1", socket.AF_INET6)):
+            server = socket.socket(server_family)
+            if server_family != family:
+                server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # dual-stack
+            server.bind(("::" if server_family != family else host, 0))
+            server.listen()
+            client = socket.socket(family)
+            client.connect((host, server.getsockname()[1]))
+            accepted = server.accept()[0]
+            opened += [server, client, accepted]
+            theirs, ours = accepted.getpeername(), accepted.getsockname()
+            expected = (os.getuid(), os.fstat(client.fileno()).st_ino)
+            assert loopback.diag(theirs, ours) == expected, (theirs, ours)
+            assert loopback.from_tables(theirs, ours) == expected, (theirs, ours)
+            assert loopback.owner(theirs, ours) == expected
+        assert loopback.diag(("127.0.0.1", 1), ("127.0.0.1", 2)) is None  # no such socket
+    finally:
+        for sock in opened:
+            sock.close()
+
+
 def test_a_real_loopback_connection_names_this_process_once_per_connection():
     peers = loopback.Peers()
     me = Peer(os.getuid(), os.getpid())
@@ -72,16 +101,16 @@ def test_a_real_loopback_connection_names_this_process_once_per_connection():
     try:
         for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
             opened += connection(family, host)
-            before = peers.lookups
-            assert peers.of(opened[-1].fileno()) == me
-            assert peers.of(opened[-1].fileno()) == me
-            assert peers.lookups == before + 1  # the second from the cache
+            fd = opened[-1].fileno()
+            assert peers.of(fd, pid=False) == Peer(os.getuid(), None)  # the user alone: no scan
+            assert peers.scans == len(opened) // 3 - 1
+            assert peers.of(fd) == me and peers.of(fd) == me and peers.of(fd, pid=False) == me
+            assert (peers.lookups, peers.scans) == (len(opened) // 3,) * 2  # once per connection
         # Another connection on a descriptor number seen before is another socket: looked up again
         opened += connection()
         os.dup2(opened[-1].fileno(), opened[2].fileno())
-        before = peers.lookups
         assert peers.of(opened[2].fileno()) == me
-        assert peers.lookups == before + 1
+        assert (peers.lookups, peers.scans) == (3, 3)
     finally:
         for sock in opened:
             sock.close()

@@ -140,6 +140,9 @@ def test_a_local_user_sees_local_jobs_but_not_keyed_ones(tmp_path, public_dir, t
             assert forgot == 0
             assert seen(endpoint) == [[["roots-job"], 1],
                                       [[["local-job", "uid:0"], ["remote-job", "key:" + SOME_KEY]], 2]]
+            # What it sees it may forget, as any local user could before
+            assert as_nobody(lambda: call("forget", endpoint=endpoint, timeout=2.0, job="local-job")["forgotten"]) == 1
+            assert seen(endpoint)[1] == [[["remote-job", "key:" + SOME_KEY]], 1]
     finally:
         daemon.stop()
 

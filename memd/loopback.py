@@ -1,7 +1,7 @@
 """Who a loopback TCP peer is. TCP carries no credentials, but both ends of a loopback
 connection are sockets of this machine, and the kernel knows each one's owner: asked for the
 socket whose local address is the peer's and whose remote address is ours (sock_diag, the
-netlink query `ss` makes; /proc/net/tcp and tcp6 where netlink is refused), it gives the uid
+netlink query `ss` makes; /proc/net/tcp and tcp6 where it does not answer), it gives the uid
 that opened it and its inode, and the process holding that inode in its fd table is the peer's
 process. So a loopback peer is a user (and a process), as over the ipc socket (SO_PEERCRED), in
 the sharing of session slots and in what it may see.
@@ -103,7 +103,7 @@ def find(table: bytes, local: str, remote: str) -> Optional[Owner]:
 
 
 def from_tables(theirs: Address, ours: Address, proc_root: str = "/proc") -> Optional[Owner]:
-    """What diag() says, read from /proc/net/tcp and tcp6 (1-2 ms: where netlink is refused)."""
+    """What diag() says, read from /proc/net/tcp and tcp6 (1-2 ms: where netlink does not answer)."""
     for table, local, remote in rows(theirs, ours):
         try:
             with open(os.path.join(proc_root, table), "rb") as f:
@@ -121,9 +121,12 @@ def owner(theirs: Address, ours: Address, proc_root: str = "/proc") -> Optional[
     if _loopback(theirs) is None:
         return None
     try:
-        return diag(theirs, ours)
-    except OSError:  # no netlink here (a sandbox): the tables say the same, slower
-        return from_tables(theirs, ours, proc_root)
+        found = diag(theirs, ours)
+    except OSError:  # no netlink here (a sandbox)
+        found = None
+    # The tables say the same, slower: where netlink is refused, or its inet_diag module is
+    # missing (an error reply, as for a socket closed since: rare for a peer that just wrote)
+    return found if found is not None else from_tables(theirs, ours, proc_root)
 
 
 def holder(inode: int, uid: int, proc_root: str = "/proc", limit: int = MAX_FDS) -> Optional[int]:

@@ -9,6 +9,7 @@ gets the service restarted.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import threading
@@ -18,7 +19,7 @@ from typing import Callable, Optional
 import structlog
 
 from memd import config as config_module
-from memd import metrics, ops, zap
+from memd import metrics, ops, visibility, zap
 from memd.client import curve
 from memd.config import Config
 from memd.core import VERSION, Core
@@ -209,10 +210,16 @@ class Daemon:
     def _dispatch(self):
         handlers = {name: (lambda req, handler=handler: handler(self.core, req))
                     for name, handler in ops.HANDLERS.items()}
-        # Who asks, as the kernel says (ipc) and as the CURVE allow-list admitted it (tcp)
+        # Who asks, as the kernel says (ipc, loopback tcp) and as the CURVE allow-list admitted it
         handlers["hello"] = lambda req: ops.hello(self.core, req, self.server.peer, self.server.key)
-        handlers["forget"] = lambda req: ops.forget(self.core, req, self.server.key)
+        # Each peer sees (and forgets) what it may: memd.visibility
+        handlers["status"] = lambda req: ops.status(self.core, req, self._viewer())
+        handlers["curves"] = lambda req: ops.curves(self.core, req, self._viewer())
+        handlers["forget"] = lambda req: ops.forget(self.core, req, self._viewer())
         return handlers
+
+    def _viewer(self) -> visibility.Viewer:
+        return visibility.viewer(self.server.sender(pid=False), self.server.key, os.geteuid())
 
     def _alive(self, session: SessionRecord) -> bool:
         if not session.local:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, FrozenSet, List, Optional
 import structlog
 import zmq
 
+from memd import loopback
 from memd.client import protocol
 from memd.client.counts import whole
 from memd.client.heap import trim_heap
@@ -81,13 +82,25 @@ class Server:
         # The sender's CURVE public key (Z85), as the allow-list admitted it: who a remote job is
         # (its curves and its share of the slots are that key's); None without CURVE.
         self.key: Optional[str] = None
+        self.loopback = loopback.Peers()  # who each loopback TCP connection's owner is, per connection
 
     @property
     def peer(self) -> Optional[Peer]:
-        """The sender of the message being handled (None over TCP), for handlers that must know
-        who asks (hello); valid only while a handler runs. Read when asked: parsing it for
-        every message cost a report more than the hello that needs it."""
-        return _sender(self._first) if self._ipc_path is not None and self._first is not None else None
+        """The sender of the message being handled, in the kernel's word: the ipc socket's
+        credentials, or a loopback TCP connection's owner (memd.loopback, by the message's SRCFD);
+        None where neither tells. For handlers that must know who asks (hello); valid only while
+        a handler runs. Read when asked: parsing it for every message cost a report more than
+        the hello that needs it."""
+        return self.sender()
+
+    def sender(self, pid: bool = True) -> Optional[Peer]:
+        """``peer``; over TCP its process looked for only when ``pid`` asks (status, curves and
+        forget need the user alone, and the scan is the costly part of a lookup)."""
+        if self._first is None:
+            return None
+        if self._ipc_path is not None:
+            return _sender(self._first)
+        return self.loopback.of(_descriptor(self._first), pid) if self.endpoint.startswith("tcp://") else None
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
@@ -288,6 +301,16 @@ class Server:
 
 def _sender(frame: zmq.Frame) -> Optional[Peer]:
     return peer_of(_property(frame, "Peer-Address"))
+
+
+def _descriptor(frame: zmq.Frame) -> Optional[int]:
+    """The descriptor of the connection a message came on (ZMQ_SRCFD: deprecated in libzmq, still
+    set by 4.3); None where it is not."""
+    try:
+        fd = frame.get(zmq.SRCFD)
+    except zmq.ZMQError:
+        return None
+    return fd if isinstance(fd, int) else None
 
 
 def _property(frame: zmq.Frame, name: str) -> Optional[str]:

@@ -56,7 +56,8 @@ def _unwatched_slots(max_sessions: int) -> int:
 
 def _user(key: Optional[str], uid: Optional[int]) -> object:
     """Who a session or a hello is, in the sharing of slots: its CURVE key where it came with
-    one, else its uid (None over plain TCP, where every peer is the same one)."""
+    one, else its uid (the ipc socket's, or a loopback TCP connection's owner: memd.loopback;
+    None where the kernel did not tell, and every such peer is the same one)."""
     return ("key", key) if key is not None else uid
 
 
@@ -109,7 +110,7 @@ class SessionRecord:
     owner: Optional[int] = None  # the uid its watched process runs as: its curves are its owner's
     rejoined: bool = False  # said hello running a batch already (the daemon restarted under it)
     unwatched: Optional[str] = None  # why a job on this host is not local (its pid here is another process)
-    peer_uid: Optional[int] = None  # the user whose process said hello (the kernel's word; None over TCP)
+    peer_uid: Optional[int] = None  # the user whose process said hello (the kernel's word, ipc or loopback tcp)
     peer_pid: Optional[int] = None  # and that process, as this daemon's pid namespace names it
     # The CURVE public key (Z85) the hello came with, authenticated by the allow-list (memd.zap):
     # its curves are that key's, and it is that key's slot in the sharing between users (crowding)
@@ -269,8 +270,8 @@ class Sessions:
         shared max-min, between users and then between one user's processes: the newest session
         of the process holding the most, in the user holding the most, gives way when that user
         holds at least two more than the one asking (or, within one user, that process two more
-        than the one asking). A user is the uid the kernel names (ipc) or the CURVE key the
-        client was admitted with (``key``); plain TCP peers are one user. One user, or one
+        than the one asking). A user is the CURVE key the client was admitted with (``key``), else
+        the uid the kernel names (ipc, loopback TCP); peers it does not name are one user. One user, or one
         process, alone may fill every slot, but a flood of hellos cannot keep another user's or
         another process's job out (256 sessions from one process once held every slot). A hello
         whose process the daemon cannot watch (``local`` false) shares only the unwatched

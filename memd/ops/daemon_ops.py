@@ -5,21 +5,23 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from memd import curves as learned
-from memd import pages
+from memd import pages, visibility
 from memd.client import protocol
 from memd.client.counts import whole
 from memd.core import VERSION, Core
 from memd.ops.fields import Invalid, integer, text
 from memd.sampling.snapshot import as_json
-from memd.sessions import KEY_OWNER, SessionRecord
-from memd.state import MAX_KEY_CHARS
+from memd.sessions import SessionRecord
+from memd.state import MAX_KEY_CHARS, owner_of
+from memd.visibility import EVERYONE, Viewer
 
 Result = Dict[str, Any]
 
 
-def status(core: Core, req: Dict[str, Any]) -> Result:
+def status(core: Core, req: Dict[str, Any], who: Viewer = EVERYONE) -> Result:
     """The daemon's view of the machine and its sessions (no tokens), the sessions a page at a
-    time as `curves` pages (memd.pages): 255 of them were a 187 KB reply.
+    time as `curves` pages (memd.pages): 255 of them were a 187 KB reply. Only the sessions
+    ``who`` may see (memd.visibility) are listed and counted.
 
     Request: optional after (int: the previous page's next), limit (int in [1, 4096]: sessions
     a page holds at most). Reply: version, host, uptime_seconds, pressure_level, snapshot (the
@@ -42,7 +44,7 @@ def status(core: Core, req: Dict[str, Any]) -> Result:
         "pressure_level": core.pressure.level,
         "snapshot": as_json(snapshot) if snapshot is not None else None,
     }
-    everyone = list(core.sessions)  # in the order they opened: by session number
+    everyone = [s for s in core.sessions if visibility.sees_session(who, s)]  # by session number
     following = [s for s in everyone if after is None or s.sid > after]
     budget = pages.PAGE_BYTES - len(protocol.encode(reply))  # the page's header is part of its bytes
     shown = pages.fill((session_view(s) for s in following), budget, limit)
@@ -63,29 +65,34 @@ def ping(core: Core, req: Dict[str, Any]) -> Result:
     return {"pong": True, "version": VERSION, "uptime_seconds": round(core.uptime(), 3)}
 
 
-def curves(core: Core, req: Dict[str, Any]) -> Result:
+def curves(core: Core, req: Dict[str, Any], who: Viewer = EVERYONE) -> Result:
     """What the daemon remembers for the jobs' next runs (`memd curves`), one page at a time.
 
     Request: optional after ([job, pool], the previous page's next), limit (int in [1, 4096]:
     curves a page holds at most). Reply: curves ([{job, pool, owner,
     points: [[batch, peak_bytes], ...] (oldest first), ceiling (int or null), updated (unix
-    seconds)}], by job then pool), total (entries remembered), next ([job, pool] to ask for the
-    next page with, or null on the last). A reply stays within MAX_MESSAGE_BYTES (memd.curves).
+    seconds)}], by job then pool), total (entries remembered that the asker may see), next
+    ([job, pool] to ask for the next page with, or null on the last). A reply stays within
+    MAX_MESSAGE_BYTES (memd.curves). Only the curves ``who`` may see (memd.visibility) are listed.
     """
     after = req.get("after")
     if after is not None and not (isinstance(after, list) and len(after) == 2 and all(
             isinstance(v, str) and len(v) <= MAX_KEY_CHARS for v in after)):
         raise Invalid("after must be [job, pool], two strings of at most %d characters (a reply's next)"
                       % MAX_KEY_CHARS)
-    return learned.page(core.store.keys(), core.store.recall, after, limit=integer(req, "limit"))
+    keys = core.store.keys()
+    if not who.admin:
+        keys = [k for k in keys if visibility.sees_curve(who, owner_of(k[1]))]
+    return learned.page(keys, core.store.recall, after, limit=integer(req, "limit"))
 
 
-def forget(core: Core, req: Dict[str, Any], key: Optional[str] = None) -> Result:
+def forget(core: Core, req: Dict[str, Any], who: Viewer = EVERYONE) -> Result:
     """Forget what was learned for a job, in every pool or one (`memd forget`); written to the
     state file at once. Whoever may connect may call it: they could as well teach the job's
     curve anything with hello and report (docs/protocol.md, "Who may forget"); but a client
-    admitted by its CURVE key (``key``) forgets only that key's curves and sessions, since it
-    can teach no other's.
+    admitted by its CURVE key forgets only that key's curves and sessions, since it can teach
+    no other's, and a local peer other than root (memd.visibility) only what it may see: curves
+    and sessions not kept under a key.
 
     Request: job (str of 1 to 128 characters), optional pool (a pool key as `curves` shows it).
     Reply: forgotten (curves dropped), sessions (live sessions of the job, in that pool, whose
@@ -98,9 +105,10 @@ def forget(core: Core, req: Dict[str, Any], key: Optional[str] = None) -> Result
         raise Invalid("job must not be empty")
     if pool == "":
         raise Invalid("pool must not be empty (leave it out to forget every pool)")
-    dropped = core.store.forget(job, pool, None if key is None else KEY_OWNER[1:] + key)
-    sessions = [s for s in core.sessions
-                if s.job == job and (pool is None or s.pool_key == pool) and key in (None, s.key)]
+    acting = who._replace(admin=False) if who.key is not None else who  # a key acts as that key, even root's
+    dropped = core.store.forget(job, pool, mine=None if acting.admin else lambda o: visibility.sees_curve(acting, o))
+    sessions = [s for s in core.sessions if s.job == job and (pool is None or s.pool_key == pool)
+                and visibility.sees_session(acting, s)]
     for session in sessions:
         session.forget_learned()
     return {"forgotten": len(dropped), "sessions": len(sessions), "saved": core.store.flush()}

@@ -25,7 +25,7 @@ import structlog
 
 from memd.client.counts import whole
 from memd.policy.fit import Observation
-from memd.sessions import KEY_OWNER, OWNER
+from memd.sessions import KEY_OWNER, OWNER, first_of_most
 
 FILE = "curves.json"
 VERSION = 1
@@ -139,10 +139,15 @@ class StateStore:
     def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int],
                  clean_runs: int = 0) -> None:
         points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0]
-        while len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (SessionRecord.observe)
-            counts = collections.Counter(b for b, _ in points)
-            most = max(counts.values())
-            del points[next(i for i, (b, _) in enumerate(points) if counts[b] == most)]
+        if len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (SessionRecord.observe)
+            batches = [b for b, _ in points]
+            counts = collections.Counter(batches)  # kept as points go, not counted again for each
+            while len(points) > MAX_POINTS:
+                victim = first_of_most(batches, counts)
+                counts[batches[victim]] -= 1
+                if not counts[batches[victim]]:
+                    del counts[batches[victim]]
+                del points[victim], batches[victim]
         key = _key(job, pool_key)
         if not points and ceiling is None:  # nothing left to keep (a lifted ceiling was all there was)
             if key in self._jobs:

@@ -6,8 +6,9 @@ largest batch started from a guess against the bisection from 1; a batch size's 
 Point and the top-report excess against statistics and the full sort; the fit's sums over
 map()s against the generator sums they replaced (written out here as they were); evolve
 against dataclasses.replace; and the report a full history drops against the first report of
-a batch size with the most.
+a batch size with the most, in a session's history and in the state kept for the next run.
 """
+import collections
 import dataclasses
 import math
 import statistics
@@ -21,6 +22,7 @@ from memd.policy.controller import ControlState
 from memd.policy.fit import LARGEST, Curve, Observation, excess_at, excess_sorted, fit, largest, point
 from memd.policy.frozen import evolve
 from memd.sessions import HISTORY, SessionRecord
+from memd.state import MAX_POINTS, StateStore
 
 MiB, GiB = 2 ** 20, 2 ** 30
 
@@ -159,6 +161,8 @@ def session():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from([1, 2, 3, 8, 16, 32]), min_size=HISTORY, max_size=4 * HISTORY))
 def test_a_full_history_drops_the_first_report_of_a_batch_size_with_the_most(batches):
+    """Ties between batch sizes included; the batch sizes it scans (observed_batches) stay the
+    observations' own."""
     kept = session()
     plain = []
     for i, batch in enumerate(batches):
@@ -170,3 +174,20 @@ def test_a_full_history_drops_the_first_report_of_a_batch_size_with_the_most(bat
         plain.append(observation)
         kept.observe(observation)
         assert kept.observations == plain
+        assert kept.observed_batches == [o.batch for o in plain]
+        assert kept.observed_at == [o.peak_bytes - 1 for o in plain]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 3, 8, 16, 32]), st.integers(0, 3)), max_size=3 * MAX_POINTS))
+def test_the_state_keeps_the_points_the_plain_trim_keeps(tmp_path_factory, reports):
+    """StateStore.remember trims a history to MAX_POINTS as the loop it replaced did (counting
+    every point again for each dropped), zero peaks left out first."""
+    plain = [[b, p] for b, p in reports if p > 0]
+    while len(plain) > MAX_POINTS:
+        counts = collections.Counter(b for b, _ in plain)
+        most = max(counts.values())
+        del plain[next(i for i, (b, _) in enumerate(plain) if counts[b] == most)]
+    store = StateStore(str(tmp_path_factory.mktemp("state")))
+    store.remember("j", "cpu:7", [Observation(b, p) for b, p in reports], 3)
+    assert [[o.batch, o.peak_bytes] for o in store.recall("j", "cpu:7").observations] == plain

@@ -202,16 +202,15 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     forgiven as a spike and a seen peak floors the prediction (Curve.floor). A warm-up
     observation counts only while it is the only one: then nothing is fitted; a settling one
     only until a later report at its batch size exists."""
-    observations = [o for o in observations if not o.warmup]
-    if any(o.settling for o in observations):
-        settled = {o.batch for o in observations if not o.settling}
-        observations = [o for o in observations if not (o.settling and o.batch in settled)]
-    points = aggregate(observations, forgive_spikes=not kills)
+    by_batch, bases = credible(observations)
+    keep = list if kills else _without_isolated_spike
+    points = [point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
     if not points:
         if prior is None:
             return None
         return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0, kills=kills)
-    base = _base(observations, points)
+    base = float(min(bases)) if bases else None
+    base = base if base is not None and base < min(p.peaks[0] for p in points) else None  # as _base
     noise = assumed_spread(points, noise)
     if len(points) == 1:
         curve = _one_point(points[0], base, prior)
@@ -219,6 +218,39 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         curve = _near_the_largest(points if kills else _without_spiked_batch(points, noise), base, noise,
                                   1.0 if kills else HIGH)
     return evolve(curve, observed=tuple((p.batch, p.top) for p in points), noise=noise, kills=kills)
+
+
+def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]], List[int]]:
+    """fit's reports in one pass over them: each batch size's credible peaks (in no particular
+    order: aggregate sorts them) and the positive bases of the reports kept. What fit once did in
+    five (warm-ups out, settling ones out where their batch size has a settled report, then
+    aggregate and _base), each reading every one of 64 records; a fifth of a decision here."""
+    by_batch: Dict[int, List[int]] = {}  # every settled report's batch size, even one with no credible peak
+    settling: List[Observation] = []
+    bases: List[int] = []
+    for obs in observations:
+        if obs.warmup:
+            continue
+        if obs.settling:
+            settling.append(obs)
+            continue
+        peaks = by_batch.get(obs.batch)
+        if peaks is None:
+            peaks = by_batch[obs.batch] = []
+        if obs.peak_bytes > 0:
+            peaks.append(obs.peak_bytes)
+        if obs.base_bytes is not None and obs.base_bytes > 0:
+            bases.append(obs.base_bytes)
+    unsettled: Dict[int, List[int]] = {}  # the settling reports at a batch size with no settled one
+    for obs in settling:
+        if obs.batch not in by_batch:
+            unsettled.setdefault(obs.batch, [])
+            if obs.peak_bytes > 0:
+                unsettled[obs.batch].append(obs.peak_bytes)
+            if obs.base_bytes is not None and obs.base_bytes > 0:
+                bases.append(obs.base_bytes)
+    by_batch.update(unsettled)
+    return {b: peaks for b, peaks in by_batch.items() if b >= 1 and peaks}, bases
 
 
 def assumed_spread(points: Sequence["Point"], noise: float) -> float:

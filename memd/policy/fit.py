@@ -126,10 +126,22 @@ class Curve:
         # Both line and floor grow with the batch (their slopes are >= 0), so the search may
         # start where the line alone meets the budget: a few steps, not twenty.
         fits = largest(lambda b: self.line(b) <= budget_bytes and self.floor(b) <= budget_bytes,
-                       near=_meets(self.fixed_bytes, self.per_sample_bytes, budget_bytes))
+                       near=self._guess(budget_bytes))
         seen = [s for s, top in self.observed
                 if top * (1 + self.noise) <= budget_bytes and s > fits and self.floor(s) <= budget_bytes]
         return max(seen + [fits])
+
+
+    def _guess(self, budget_bytes: float) -> Optional[int]:
+        """Where the line meets the budget, its band taken as it widens far right of the mean
+        batch (Z sigma (b - mean) / sqrt(Sxx), which it stays above): max_batch's search starts
+        there. Without the band, a line drawn through two batch sizes guessed 50 % high and the
+        search took 16 evaluations of the line instead of 2 (a guess never moves the answer)."""
+        zs, _, mean, sxx = self.band
+        if zs and sxx:
+            widening = zs / math.sqrt(sxx)
+            return _meets(self.fixed_bytes - widening * mean, self.per_sample_bytes + widening, budget_bytes)
+        return _meets(self.fixed_bytes, self.per_sample_bytes, budget_bytes)
 
 
 LARGEST = 1 << 20  # no batch is larger

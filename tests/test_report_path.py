@@ -22,7 +22,7 @@ from memd.policy.controller import ControlState
 from memd.policy.fit import LARGEST, Curve, Observation, excess_at, excess_sorted, fit, largest, point
 from memd.policy.frozen import evolve
 from memd.sessions import HISTORY, SessionRecord
-from memd.state import MAX_POINTS, StateStore
+from memd.state import MAX_POINTS, StateStore, trimmed
 
 MiB, GiB = 2 ** 20, 2 ** 30
 
@@ -178,16 +178,29 @@ def test_a_full_history_drops_the_first_report_of_a_batch_size_with_the_most(bat
         assert kept.observed_at == [o.peak_bytes - 1 for o in plain]
 
 
+def plain_trim(points, keep):
+    """The loop state.trimmed replaced: count every point again for each one dropped."""
+    points = list(points)
+    while len(points) > keep:
+        counts = collections.Counter(b for b, _ in points)
+        most = max(counts.values())
+        del points[next(i for i, (b, _) in enumerate(points) if counts[b] == most)]
+    return points
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(1, 9)), min_size=1, max_size=3 * HISTORY), st.data())
+def test_the_trim_at_once_is_the_trim_point_by_point(points, data):
+    keep = data.draw(st.integers(1, len(points) + 2))
+    assert trimmed([list(p) for p in points], keep) == plain_trim([list(p) for p in points], keep)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([1, 2, 3, 8, 16, 32]), st.integers(0, 3)), max_size=3 * MAX_POINTS))
 def test_the_state_keeps_the_points_the_plain_trim_keeps(tmp_path_factory, reports):
-    """StateStore.remember trims a history to MAX_POINTS as the loop it replaced did (counting
-    every point again for each dropped), zero peaks left out first."""
-    plain = [[b, p] for b, p in reports if p > 0]
-    while len(plain) > MAX_POINTS:
-        counts = collections.Counter(b for b, _ in plain)
-        most = max(counts.values())
-        del plain[next(i for i, (b, _) in enumerate(plain) if counts[b] == most)]
+    """StateStore.remember trims a history to MAX_POINTS as the loop it replaced did, zero
+    peaks left out first."""
+    plain = plain_trim([[b, p] for b, p in reports if p > 0], MAX_POINTS)
     store = StateStore(str(tmp_path_factory.mktemp("state")))
     store.remember("j", "cpu:7", [Observation(b, p) for b, p in reports], 3)
     assert [[o.batch, o.peak_bytes] for o in store.recall("j", "cpu:7").observations] == plain

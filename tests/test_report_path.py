@@ -16,6 +16,7 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from memd.core import LATENCY_BUCKETS, Histogram
 from memd.policy import fit as fitting
 from memd.policy.budget import Pool
 from memd.policy.controller import ControlState
@@ -245,3 +246,17 @@ def odd_histories(draw):
        st.one_of(st.none(), st.builds(fitting.Prior, st.integers(0, 2 ** 40), st.integers(0, 2 ** 30))))
 def test_the_fit_in_one_pass_is_the_fit_in_five(reports, kills, noise, prior):
     assert repr(fit(reports, prior, noise, kills)) == repr(fit_as_it_was(reports, prior, noise, kills))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(LATENCY_BUCKETS), st.floats(0.0, 1.0)), max_size=50))
+def test_the_latency_histogram_counts_what_a_scan_of_its_bounds_counts(values):
+    histogram = Histogram(LATENCY_BUCKETS)
+    plain = [0] * len(LATENCY_BUCKETS)
+    for value in values:
+        histogram.observe(value)
+        for i, bound in enumerate(LATENCY_BUCKETS):  # the loop observe() was
+            if value <= bound:
+                plain[i] += 1
+                break
+    assert histogram.counts == plain and histogram.count == len(values)

@@ -4,9 +4,11 @@ capacity work: a decision must not change because it got cheaper).
 Each shortcut is checked against the plain way over generated inputs: the search for the
 largest batch started from a guess against the bisection from 1; a batch size's memoised
 Point and the top-report excess against statistics and the full sort; the fit's sums over
-map()s against the generator sums they replaced (written out here as they were); evolve
-against dataclasses.replace; and the report a full history drops against the first report of
-a batch size with the most, in a session's history and in the state kept for the next run.
+map()s against the generator sums they replaced (written out here as they were); the fit's one
+pass over the reports against the five it replaced; evolve against dataclasses.replace; the
+report a full history drops against the first report of a batch size with the most, in a
+session's history and in the state kept for the next run (trimmed at once against point by
+point); and the latency bucket found by bisection against the scan of the bounds.
 """
 import collections
 import dataclasses

@@ -86,7 +86,7 @@ def test_a_memoised_point_is_statistics_own(batch, peaks):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(1, 2 ** 50), min_size=1, max_size=20),
+@given(st.lists(st.tuples(st.lists(st.integers(1, 2 ** 63 - 1), min_size=1, max_size=20),
                           st.floats(-1e12, 1e12, allow_nan=False).filter(lambda m: m != 0)), min_size=1, max_size=8),
        st.sampled_from([0.9, 1.0]))
 def test_the_excess_from_top_reports_is_the_sorted_one(batches, high):

@@ -116,7 +116,7 @@ class Curve:
         the batch, so the highest report at this batch or any smaller one."""
         if not self.kills:
             return 0.0
-        return max((top for s, top in self.observed if s <= batch), default=0.0)
+        return max([top for s, top in self.observed if s <= batch], default=0.0)
 
     def max_batch(self, budget_bytes: float) -> int:
         """The largest batch whose predicted peak fits ``budget_bytes`` (0 when none does). A
@@ -357,8 +357,10 @@ def excess_at(points: Sequence[Point], middles: Sequence[float], high: float) ->
     excess of each batch size's top report: peaks are sorted and dividing by a positive number
     keeps their order, so the same float comes without a quotient and a sort for every report
     (excess_sorted, the general way, gives it too)."""
-    if high >= 1.0 and all(at > 0 for at in middles):
-        return max(0.0, max(p.peaks[-1] / at - 1 for p, at in zip(points, middles)))
+    if high >= 1.0 and all(map(_ZERO.__lt__, middles)):
+        # x - 1 keeps the order of x (rounding is monotone): the largest quotient less 1 is the
+        # largest of the quotients less 1, without a generator over the batch sizes.
+        return max(0.0, max(map(operator.truediv, map(_top, points), middles)) - 1)
     return excess_sorted(points, middles, high)
 
 
@@ -424,7 +426,8 @@ def _near(points: List[Point]) -> List[Point]:
     return points[at:]
 
 
-_middle, _peaks = operator.attrgetter("middle"), operator.attrgetter("peaks")
+_middle, _peaks, _top = operator.attrgetter("middle"), operator.attrgetter("peaks"), operator.attrgetter("top")
+_ZERO = 0.0
 _TWOS = itertools.repeat(2)  # the exponent of each square in _line's sums
 
 

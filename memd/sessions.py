@@ -47,10 +47,11 @@ def _newest_of_busiest(sessions: Iterable[SessionRecord]) -> Optional[SessionRec
     return max((s for s in listed if s.peer_pid == busiest), key=lambda s: s.sid)
 
 
-def first_of_most(batches: List[int], counts: Dict[int, int]) -> int:
+def _first_of_most(batches: List[int], counts: Dict[int, int]) -> int:
     """The index in ``batches`` of the first report of a batch size with the most (``counts``:
-    reports per batch size): the one a full history drops. list.index scans in C; a generator
-    over the 64 was a tenth of a report's time, reading the batches off the records 15 us."""
+    reports per batch size): the one a full history drops. list.index scans in C: a generator
+    over the 64 records was a tenth of a report's time, reading their batches off them 15 us
+    in the daemon under load."""
     most = max(counts.values())
     tied = [b for b, n in counts.items() if n == most]
     return batches.index(tied[0]) if len(tied) == 1 else min(map(batches.index, tied))
@@ -193,7 +194,7 @@ class SessionRecord:
         counts = self.batch_counts  # of the observations kept, per batch size (kept here, not counted each time)
         batches = self.observed_batches  # each kept observation's batch: scanned as ints, not read off 64 records
         if len(self.observations) >= HISTORY:
-            victim = first_of_most(batches, counts)
+            victim = _first_of_most(batches, counts)
             gone = batches[victim]
             counts[gone] -= 1
             if not counts[gone]:

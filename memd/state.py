@@ -293,29 +293,29 @@ def _split(key: str) -> Tuple[str, str]:
 def trimmed(points: List[List[int]], keep: int) -> List[List[int]]:
     """``points`` ([batch, peak], oldest first) less, ``len(points) - keep`` times, the oldest of a
     batch size with the most (ties: the batch size whose oldest is the oldest), worked out at
-    once: each batch size keeps its newest, and the counts fall as water does, from the top.
-    Every session's 64 reports were trimmed to 32 at every flush (2 s), once a point dropped:
-    a report's 4 us in the 256-session load."""
+    once: each batch size keeps its newest, and the counts fall from the top as water does.
+    Point by point, every session's 64 reports were counted again for each of the 32 dropped,
+    at every flush (2 s)."""
     at: Dict[int, List[int]] = {}  # each batch size's points' indices, oldest first
     for i, (batch, _) in enumerate(points):
         at.setdefault(batch, []).append(i)
     drop = len(points) - keep
     if drop <= 0:
         return points
-    # The level the most repeated come down to: every batch size above level + 1 is cut to it,
-    # then ``extra`` of those at level + 1 (the oldest first) to level.
+    # The level the counts come down to: every batch size above it is cut to it (``cut`` drops),
+    # then ``extra`` of those at it, the one holding the oldest point first, to one below.
     sizes = sorted((len(v) for v in at.values()), reverse=True)
-    level, above, cut = sizes[0], 0, 0  # above: batch sizes holding more than level; cut: drops to get there
+    level, cut = sizes[0], 0
     while True:
-        above = sum(1 for n in sizes if n >= level)
-        if cut + above >= drop:
+        at_level = sum(1 for n in sizes if n >= level)  # batch sizes that hold ``level`` once cut to it
+        if cut + at_level >= drop:
             break
-        cut += above
+        cut += at_level
         level -= 1
-    extra = drop - cut  # 1..above: of the batch sizes at ``level``, these drop one more (to level - 1)
-    firsts = sorted((v[len(v) - level], b) for b, v in at.items() if len(v) >= level)
+    extra = drop - cut  # 1..at_level
+    oldest = sorted((v[len(v) - level], b) for b, v in at.items() if len(v) >= level)
     keeps = {b: min(len(v), level) for b, v in at.items()}
-    for _, batch in firsts[:extra]:
+    for _, batch in oldest[:extra]:
         keeps[batch] = level - 1
     kept = sorted(i for b, v in at.items() for i in v[len(v) - keeps[b]:])
     return [points[i] for i in kept]

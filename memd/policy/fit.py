@@ -131,7 +131,6 @@ class Curve:
                 if top * (1 + self.noise) <= budget_bytes and s > fits and self.floor(s) <= budget_bytes]
         return max(seen + [fits])
 
-
     def _guess(self, budget_bytes: float) -> Optional[int]:
         """Where the line meets the budget, its band taken as it widens far right of the mean
         batch (Z sigma (b - mean) / sqrt(Sxx), which it stays above): max_batch's search starts
@@ -234,9 +233,9 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
 
 def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]], List[int]]:
     """fit's reports in one pass over them: each batch size's credible peaks (in no particular
-    order: aggregate sorts them) and the positive bases of the reports kept. What fit once did in
-    five (warm-ups out, settling ones out where their batch size has a settled report, then
-    aggregate and _base), each reading every one of 64 records; a fifth of a decision here."""
+    order: fit sorts them) and the positive bases of the reports kept (warm-ups out, settling ones
+    out where their batch size has a settled report). fit once made five passes (those two, then
+    aggregate and _base), each reading every one of a session's 64 records."""
     by_batch: Dict[int, List[int]] = {}  # every settled report's batch size, even one with no credible peak
     settling: List[Observation] = []
     bases: List[int] = []
@@ -360,7 +359,8 @@ def excess_at(points: Sequence[Point], middles: Sequence[float], high: float) ->
     if high >= 1.0 and all(map(_ZERO.__lt__, middles)):
         # x - 1 keeps the order of x (rounding is monotone): the largest quotient less 1 is the
         # largest of the quotients less 1, without a generator over the batch sizes.
-        return max(0.0, max(map(operator.truediv, map(_top, points), middles)) - 1)
+        highest: float = max(map(operator.truediv, map(_top, points), middles))
+        return max(0.0, highest - 1)
     return excess_sorted(points, middles, high)
 
 

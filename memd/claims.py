@@ -12,7 +12,6 @@ the sums again.
 from __future__ import annotations
 
 import bisect
-import itertools
 from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from memd.sessions import SessionRecord
@@ -52,11 +51,10 @@ class Claims:
         self.held = self.growth = 0
         # fair_share keeps each session max(held, min(wanted, equal)) (wanted None: no bound).
         # One that wants no more than it holds keeps what it holds (flat); for the others, sorted
-        # helds and wanteds with their prefix sums give the sum at any ``equal``.
+        # helds and wanteds give the sum at any ``equal``: a bisection, then a sum of a slice.
         self.flat = 0
         self.helds: List[int] = []  # of the sessions that want more than they hold
         self.wanteds: List[int] = []  # of those among them whose wanted is known
-        self._sums: Optional[Tuple[List[int], List[int]]] = None  # prefix sums, made when first asked for
         for sid, claim in sessions:
             self.put(sid, claim)
 
@@ -76,7 +74,6 @@ class Claims:
         if not _grows(claim):
             self.flat += sign * claim.held
             return
-        self._sums = None
         if sign > 0:
             bisect.insort(self.helds, claim.held)
             if claim.wanted is not None:
@@ -88,15 +85,12 @@ class Claims:
 
     def kept(self, equal: int) -> int:
         """Sum over the members of max(held, min(wanted, equal)): what budget.fair_share leaves
-        them, in O(log n) where the sum was O(n) at every decision."""
-        if self._sums is None:
-            self._sums = (list(itertools.accumulate(self.helds, initial=0)),
-                          list(itertools.accumulate(self.wanteds, initial=0)))
-        held_sums, wanted_sums = self._sums
+        them, by bisection and two sums over slices in C, where a Python sum over the members
+        was most of a decision. Prefix sums, made again after every decision's own claim moved
+        (each decision asks once), cost more than the slices (integers: the same sum either way)."""
         below = bisect.bisect_left(self.helds, equal)  # they hold less than an equal share: they may grow to it
         capped = bisect.bisect_right(self.wanteds, equal)  # they want no more than it: what they want
-        return (self.flat + held_sums[-1] - held_sums[below] + equal * (below - capped)
-                + wanted_sums[capped])
+        return self.flat + sum(self.helds[below:]) + equal * (below - capped) + sum(self.wanteds[:capped])
 
     def others(self, sid: int) -> "Others":
         own = self.members.get(sid)

@@ -6,6 +6,7 @@ The sampler thread publishes ``snapshot``, ``pressure`` and ``jobs`` by replacin
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import socket
 import time
@@ -67,10 +68,9 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                break
+        i = bisect.bisect_left(self.bounds, value)  # the first bound the value is within (every request's)
+        if i < len(self.counts):
+            self.counts[i] += 1
         self.count += 1
         self.sum += value
 

@@ -12,7 +12,6 @@ thread: no locking here.
 from __future__ import annotations
 
 import collections
-import operator
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Counter, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
@@ -24,7 +23,6 @@ from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
 HISTORY = 64  # reports kept per session: enough for a robust fit, small enough to bound memory
-_batch_of = operator.attrgetter("batch")
 OWNER = "@uid:"  # a curve's key ends with its owner's uid (planner.ownership, state.owner_of)
 KEY_OWNER = "@key:"  # or with the CURVE public key (40 Z85 characters) of the client that said hello
 
@@ -47,6 +45,16 @@ def _newest_of_busiest(sessions: Iterable[SessionRecord]) -> Optional[SessionRec
         return None
     busiest = collections.Counter(s.peer_pid for s in listed).most_common(1)[0][0]
     return max((s for s in listed if s.peer_pid == busiest), key=lambda s: s.sid)
+
+
+def _first_of_most(batches: List[int], counts: Dict[int, int]) -> int:
+    """The index in ``batches`` of the first report of a batch size with the most (``counts``:
+    reports per batch size): the one a full history drops. list.index scans in C: a generator
+    over the 64 records was a tenth of a report's time, reading their batches off them 15 us
+    in the daemon under load."""
+    most = max(counts.values())
+    tied = [b for b, n in counts.items() if n == most]
+    return batches.index(tied[0]) if len(tied) == 1 else min(map(batches.index, tied))
 
 
 def _unwatched_slots(max_sessions: int) -> int:
@@ -93,6 +101,7 @@ class SessionRecord:
     remembered: List[Observation] = field(default_factory=list)  # from an earlier run of this job
     observations: List[Observation] = field(default_factory=list)  # in order; see observe()
     batch_counts: Counter[int] = field(default_factory=collections.Counter)  # observe()'s, of the above
+    observed_batches: List[int] = field(default_factory=list)  # observe()'s: each one's batch, in order
     state: ControlState = field(default_factory=ControlState)
     plan: Optional[Plan] = None
     pool: Optional[str] = None  # the pool of the last decision ("host" or a GPU uuid)
@@ -184,22 +193,18 @@ class SessionRecord:
         of all, a loader that ran 250 steps at batch 1 forgot its steps at 32, and the one batch
         size left bounded a sample at the whole process (0.69 GiB): it stayed at 1 for good."""
         counts = self.batch_counts  # of the observations kept, per batch size (kept here, not counted each time)
+        batches = self.observed_batches  # each kept observation's batch: scanned as ints, not read off 64 records
         if len(self.observations) >= HISTORY:
-            most = max(counts.values())
-            # The first report of a batch size with the most (list.index scans in C where one
-            # batch size has the most: a generator over the 64 was a tenth of a report's time).
-            tied = [b for b, n in counts.items() if n == most]
-            batches = list(map(_batch_of, self.observations))
-            victim = batches.index(tied[0]) if len(tied) == 1 else next(
-                i for i, b in enumerate(batches) if counts[b] == most)
-            gone = self.observations[victim].batch
+            victim = _first_of_most(batches, counts)
+            gone = batches[victim]
             counts[gone] -= 1
             if not counts[gone]:
                 del counts[gone]
-            del self.observations[victim], self.observed_at[victim]
+            del self.observations[victim], self.observed_at[victim], batches[victim]
         counts[observation.batch] += 1
         self.observations.append(observation)
         self.observed_at.append(self.observed)
+        batches.append(observation.batch)
         self.observed += 1
 
     def note_peak(self, when: float, peak: int) -> None:

@@ -19,6 +19,12 @@ from typing import List, Optional, Sequence, Tuple
 # 228 MiB in the first 68 s (2-7 MiB a second), 303 MiB at 178 s, then 306-315 MiB for the 360 s
 # that followed, each worker using 0.3-0.4 CPU seconds per 16 s all along.
 WORK, LEVEL = 0.1, 0.02
+# And over its last LEVEL_WORK CPU seconds it grew at most LEVEL_SLOPE of what it holds per CPU
+# second: the clock alone took those four for levelled at 298-307 MiB (95-98 % of their level),
+# and on a loaded machine, where a worker starved of CPU copies little for a while, the
+# benchmark's loop took a worker for levelled some 20 MiB short, which four times over let its
+# batch past what fits (191 where 126 ran). Against CPU seconds they were at 313 MiB (99.7 %).
+LEVEL_SLOPE, LEVEL_WORK = 0.005, 1.0
 # Its level is read off its course once the second half of its CPU time grew it at most SLOWED of
 # what the first half did, and the first half grew it at least GREW of what it holds (less is a
 # read's noise, not a course); before that a straight line and the start of a curve look alike.
@@ -49,7 +55,7 @@ def growth(reads: Sequence[Tuple[float, Optional[float], int]], bound: int, hori
     rate = (last - first) / (t1 - t0) if t1 > t0 and last > first else 0.0
     projected = int(min(last + rate * horizon, max(bound, last)))
     worked = c0 is not None and c1 is not None and c1 - c0 >= WORK
-    levelled = len(reads) >= 3 and worked and rate * horizon <= LEVEL * last
+    levelled = len(reads) >= 3 and worked and rate * horizon <= LEVEL * last and (not course or _flat(course))
     level = last if levelled else level_of(course, bound)
     return Growth(projected if level is None else max(level, last), levelled, rate, level, t1 - t0 >= RATE_SPAN)
 
@@ -74,6 +80,16 @@ def level_of(course: Sequence[Tuple[float, int]], bound: int) -> Optional[int]:
         return None
     ratio = b / a
     return int(min(max(bound, u2), u2 + b * ratio / (1 - ratio)))
+
+
+def _flat(course: Sequence[Tuple[float, int]]) -> bool:
+    """Whether over its last LEVEL_WORK CPU seconds the worker grew at most LEVEL_SLOPE of what
+    it holds per CPU second (False until it worked that much)."""
+    c1, u1 = course[-1]
+    for c0, u0 in reversed(course[:-1]):
+        if c1 - c0 >= LEVEL_WORK:
+            return (u1 - u0) / (c1 - c0) <= LEVEL_SLOPE * u1
+    return False
 
 
 def keep(course: List[Tuple[float, int]], cpu: float, held: int) -> None:

@@ -64,6 +64,15 @@ def to_cut(streaks: Mapping[int, int], rss: Optional[int], limit: Optional[int])
     return sorted(fd for fd, streak in streaks.items() if streak >= STREAK)
 
 
+def decisive(caught_up: bool, received: int, connections: int) -> bool:
+    """Whether a look can tell a connection's unfinished message from whole ones waiting their
+    turn: the server has emptied its socket since the last decisive look, or has received a full
+    round of messages since (a ROUTER takes one message from each waiting connection in turn,
+    so any message whole at that look has come). A daemon behind on a burst of reports is not
+    taken for streams; a flood that keeps it behind slows its looks to one such round."""
+    return caught_up or received >= connections
+
+
 def next_streaks(streaks: Mapping[int, int], active: Set[int], delivered: Set[int]) -> Dict[int, int]:
     """Each connection's looks with bytes received since it last delivered an allowed message.
     Never reset by silence: a peer pausing between frames still holds its message."""
@@ -95,6 +104,9 @@ class Guard:
         self.throttle = Throttle(interval=60.0, clock=clock)
         self._trim_due = False
         self._srcfd = True
+        self._active: Set[int] = set()  # connections that received bytes since the last decisive look
+        self._streaking = False  # whether a streak is above 0
+        self._round = 0  # messages the server had received at the last decisive look
         address = "inproc://memd-guard-%x" % id(self)
         sock.monitor(address, _EVENTS)
         self._sock = sock
@@ -118,22 +130,34 @@ class Guard:
                 self._srcfd = False
                 log.warning("guard_degraded", reason="libzmq does not say which connection a message came by")
 
-    def check(self, now: Optional[float] = None) -> None:
-        """One look: new and ended connections, who received what, and the cuts."""
-        now = self.clock() if now is None else now
+    def check(self, now: float, caught_up: bool, received: int) -> None:
+        """One look: new and ended connections, who received what, and the cuts. ``caught_up``:
+        the server found its socket empty since the last look; ``received``: messages it has
+        taken in all."""
         self.due = now + self.interval
-        self._events(now)
+        assert self.monitor is not None
+        if int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._events(now)
         if self._trim_due:
             self._trim_due = False
             self.trim()  # what libzmq freed for the connections cut at the last look
         if self.limit is None:
             rss = self.rss()
             self.limit = None if rss is None else rss + self.headroom
-        active = {self._by_dup[dup] for dup, _ in self._epoll.poll(0)} if self._epoll is not None else set()
-        delivered, self.delivered = self.delivered, set()
-        self.streaks = next_streaks(self.streaks, active, delivered)
-        if not any(self.streaks.values()):
-            return  # the common case: no read of /proc
+        if self._epoll is not None:
+            for dup, _ in self._epoll.poll(0):
+                self._active.add(self._by_dup[dup])
+        if not self._active and not self._streaking:
+            self.delivered.clear()
+            return  # the common case, idle or not: nobody is sending anything unfinished
+        if not decisive(caught_up, received - self._round, len(self.connections)):
+            return  # whole messages may be waiting their turn: decide at a later look
+        self._round = received
+        self.streaks = next_streaks(self.streaks, self._active, self.delivered)
+        self._active, self.delivered = set(), set()
+        self._streaking = any(self.streaks.values())
+        if not self._streaking:
+            return  # no read of /proc
         rss = self.rss()
         if rss is not None and self.limit is not None and rss > self.limit:
             self.due = now + SOON  # a message in passing is whole by then; a stream is still coming

@@ -68,6 +68,8 @@ class Server:
         self.endpoint = endpoint
         self.max_connections = max_connections
         self.guard: Optional[Guard] = None  # made with the socket, before it binds
+        self.received = 0  # messages taken from the socket, ever (the guard's rounds)
+        self._caught_up = False  # the socket was found empty since the guard's last look
         self.throttle = throttle or Throttle(interval=60.0)  # one traceback a minute per op and error
         self.dispatch = dispatch
         self.observe = observe or (lambda op, outcome, seconds: None)
@@ -162,9 +164,11 @@ class Server:
         deadline = now + timeout
         while True:  # the guard looks every few ms, whether or not requests come
             if now >= guard.due:
-                guard.check(now)
+                guard.check(now, self._caught_up, self.received)
+                self._caught_up = False
             if self._poller.poll(max(0, math.ceil((min(deadline, guard.due) - now) * 1000))):
                 break
+            self._caught_up = True  # nothing waits
             now = time.monotonic()
             if now >= deadline:
                 return 0
@@ -177,6 +181,7 @@ class Server:
             try:
                 frames, dropped = self._receive()
             except zmq.Again:
+                self._caught_up = True
                 break
             handled += 1
             if self.revoked and self.zap is not None:  # its key was taken off the allow-list since
@@ -184,7 +189,9 @@ class Server:
             else:
                 self._handle(frames, dropped)
             if not self.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq: int | bytes; EVENTS is an int
+                self._caught_up = True
                 break
+        self.received += handled
         return handled
 
     def _trim(self) -> None:

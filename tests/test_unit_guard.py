@@ -2,7 +2,7 @@
 import pytest
 
 from memd import config
-from memd.guard import STREAK, next_streaks, to_cut
+from memd.guard import STREAK, decisive, next_streaks, to_cut
 
 
 def test_only_connections_receiving_without_delivering_count_up():
@@ -28,6 +28,14 @@ def test_nobody_is_cut_under_the_memory_limit():
 def test_over_the_limit_a_message_in_passing_is_spared():
     """One look with bytes and no message yet can be a request arriving: it takes STREAK."""
     assert to_cut({10: STREAK - 1, 11: STREAK, 12: STREAK + 5, 13: 0}, rss=101, limit=100) == [11, 12]
+
+
+def test_a_daemon_behind_on_its_queue_does_not_take_waiting_messages_for_streams():
+    """Whole messages waiting their turn look like bytes received and nothing delivered: a look
+    decides only once the server emptied its socket or took a full round of messages since."""
+    assert decisive(caught_up=True, received=0, connections=300)
+    assert not decisive(caught_up=False, received=48, connections=300)  # 10 ms of reports at 256 sessions
+    assert decisive(caught_up=False, received=300, connections=300)
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "many"])

@@ -69,6 +69,8 @@ class Server:
         self.max_connections = max_connections
         self.guard: Optional[Guard] = None  # made with the socket, before it binds
         self.received = 0  # messages taken from the socket, ever (the guard's rounds)
+        self._waking = False  # whether the poller waits on the guard's wakers (it is idle)
+        self._zap_sock: Optional[zmq.Socket] = None
         self._caught_up = False  # the socket was found empty since the guard's last look
         self.throttle = throttle or Throttle(interval=60.0)  # one traceback a minute per op and error
         self.dispatch = dispatch
@@ -133,6 +135,7 @@ class Server:
         self._poller.register(sock, zmq.POLLIN)
         if self.zap is not None:
             self._poller.register(self.zap.sock, zmq.POLLIN)
+            self._zap_sock = self.zap.sock
 
     def _prepare_ipc(self, path: str) -> None:
         """Make the socket's directory; refuse to steal a live daemon's socket, clear a stale one."""
@@ -162,12 +165,17 @@ class Server:
         guard = self.guard
         now = time.monotonic()
         deadline = now + timeout
-        while True:  # the guard looks every few ms, whether or not requests come
+        while True:  # the guard looks every few ms while bytes come, whether or not requests do
             if now >= guard.due:
                 guard.check(now, self._caught_up, self.received)
                 self._caught_up = False
-            if self._poller.poll(max(0, math.ceil((min(deadline, guard.due) - now) * 1000))):
+                if guard.idle is not self._waking:
+                    self._wake_on(guard)
+            ready = self._poller.poll(max(0, math.ceil((min(deadline, guard.due) - now) * 1000)))
+            if ready and (not self._waking or any(s is self.sock or s is self._zap_sock for s, _ in ready)):
                 break
+            if ready:
+                guard.due = now  # bytes or a connection came to an idle guard: it looks at once
             self._caught_up = True  # nothing waits
             now = time.monotonic()
             if now >= deadline:
@@ -193,6 +201,15 @@ class Server:
                 break
         self.received += handled
         return handled
+
+    def _wake_on(self, guard: Guard) -> None:
+        """Wait on the guard's wakers while it is idle, not while it looks every few ms."""
+        for waker in guard.wakers:
+            if guard.idle:
+                self._poller.register(waker, zmq.POLLIN)
+            else:
+                self._poller.unregister(waker)
+        self._waking = guard.idle
 
     def _trim(self) -> None:
         """Give the C heap's free pages back, at most once a second: libzmq holds a whole message

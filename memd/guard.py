@@ -7,26 +7,27 @@ one byte of it; no socket option stops it. And each connection costs the daemon 
 (1,000 idle ones: 28 MB), bounded before only by the open-file limit.
 
 How: a socket monitor names each accepted connection's descriptor (``EVENT_ACCEPTED``) and its
-end (``EVENT_DISCONNECTED``); each message names the descriptor it came by (``SRCFD``). Every
-``INTERVAL`` the guard asks an edge-triggered epoll over duplicates of those descriptors which
-connections received bytes since its last look (one call, nothing read). A connection that
-received bytes at ``STREAK`` looks without delivering a message the protocol allows (at most
-its three frames) since is sending something libzmq holds whole: a message of many frames, or
-one it never ends. While the daemon's resident memory is over its limit (what it had when it
-began serving, plus ``HEADROOM``) such connections are shut down (``shutdown(2)`` on the
-duplicate): libzmq then drops the half-received message and frees it (the C heap is trimmed
-after), and the peer may connect again. Over the limit the next look comes ``SOON``, so a
-stream is cut about one interval after the limit is passed: libzmq's I/O thread takes in up to
-2 GB/s here (docs/results.md), 20-25 MB in that time, and nothing faster than a look bounds it.
+end (``EVENT_DISCONNECTED``); each message names the descriptor it came by (``SRCFD``). While
+bytes come, every ``INTERVAL`` the guard asks an edge-triggered epoll over duplicates of those
+descriptors which connections received bytes since its last look (one call, nothing read); idle,
+it waits for them instead of looking. A connection that received bytes at ``STREAK`` looks
+without delivering a message the protocol allows (at most its three frames) is sending
+something libzmq holds whole: a message of many frames, or one it never ends. A look decides
+only when the server has caught up (``decisive``), so that whole messages waiting their turn in
+a busy daemon are not taken for streams. While the daemon's resident memory is over its limit
+(what it had when it began serving, plus ``HEADROOM``) such connections are shut down
+(``shutdown(2)`` on the duplicate, no linger): libzmq then drops the half-received message and
+frees it (the C heap is trimmed at the next look), and the peer may connect again. Over the
+limit the next look comes ``SOON``, so a stream is cut about one interval after the limit is
+passed: libzmq's I/O thread takes in up to 2 GB/s here, 20-25 MB in that time (docs/results.md),
+and nothing but a look bounds it: no socket option does.
 
-A well-behaved client is never cut: its messages are whole within a look; one sending nothing
-is not looked at. Connections beyond ``max_connections`` are shut down as they come (the newest
-go), logged at most once a minute.
+A well-behaved client is not cut: its messages are whole within a look. Connections beyond
+``max_connections`` are shut down as they come (the newest go), logged at most once a minute.
 Linux only (epoll, /proc): elsewhere only the connection cap holds.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import select
@@ -80,12 +81,6 @@ def next_streaks(streaks: Mapping[int, int], active: Set[int], delivered: Set[in
     return {fd: 0 if fd in delivered else streak + (fd in active) for fd, streak in streaks.items()}
 
 
-@dataclasses.dataclass
-class Connection:
-    dup: int  # the guard's duplicate of libzmq's descriptor: the same socket while libzmq keeps it
-    accepted: float  # monotonic
-
-
 class Guard:
     """Watches one bound ROUTER's connections from its poll loop: call ``check`` when ``due``,
     and ``came_by`` with the first frame of each message the protocol allows."""
@@ -97,7 +92,8 @@ class Guard:
         self.clock, self.trim = clock, trim
         self.due = 0.0  # monotonic time of the next look
         self.limit: Optional[int] = None  # bytes: set at the first look, when the daemon serves
-        self.connections: Dict[int, Connection] = {}  # by libzmq's descriptor
+        # libzmq's descriptor -> the guard's duplicate: the same socket while libzmq keeps it
+        self.connections: Dict[int, int] = {}
         self.streaks: Dict[int, int] = {}
         self.delivered: Set[int] = set()  # descriptors that delivered an allowed message since the last look
         self.cut = 0  # connections shut down for what libzmq held for them, ever
@@ -144,7 +140,7 @@ class Guard:
         self.due = now + self.interval
         assert self.monitor is not None
         if int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-            self._events(now)
+            self._events()
         if self._trim_due:
             self._trim_due = False
             self.trim()  # what libzmq freed for the connections cut at the last look
@@ -172,7 +168,7 @@ class Guard:
             self.due = now + SOON  # a message in passing is whole by then; a stream is still coming
         cut = to_cut(self.streaks, rss, self.limit)
         for fd in cut:
-            self._shut(self.connections[fd].dup)
+            self._shut(self.connections[fd])
             self._forget(fd)  # libzmq reads the end and closes its descriptor: the socket is gone
         if cut:
             self.cut += len(cut)
@@ -191,7 +187,7 @@ class Guard:
         except (OSError, ValueError, IndexError):
             return None
 
-    def _events(self, now: float) -> None:
+    def _events(self) -> None:
         """Apply the monitor's events in order; only each descriptor's last state counts, as
         libzmq may have closed and reused a number since."""
         assert self.monitor is not None
@@ -207,9 +203,9 @@ class Guard:
         for fd, event in last.items():
             self._forget(fd)
             if event == zmq.EVENT_ACCEPTED:
-                self._accepted(fd, now)
+                self._accepted(fd)
 
-    def _accepted(self, fd: int, now: float) -> None:
+    def _accepted(self, fd: int) -> None:
         try:
             dup = os.dup(fd)
         except OSError:
@@ -223,24 +219,24 @@ class Guard:
                 log.warning("connection_refused", reason="too many connections (max_connections)",
                             max_connections=self.max_connections, held_back=held)
             return
-        self.connections[fd] = Connection(dup, now)
+        self.connections[fd] = dup
         self.streaks[fd] = 0
         if self._epoll is not None:
             self._by_dup[dup] = fd
             self._epoll.register(dup, select.EPOLLIN | select.EPOLLET)
 
     def _forget(self, fd: int) -> None:
-        conn = self.connections.pop(fd, None)
+        dup = self.connections.pop(fd, None)
         self.streaks.pop(fd, None)
-        if conn is None:
+        if dup is None:
             return
         if self._epoll is not None:
-            self._by_dup.pop(conn.dup, None)
+            self._by_dup.pop(dup, None)
             try:
-                self._epoll.unregister(conn.dup)
+                self._epoll.unregister(dup)
             except OSError:
                 pass
-        os.close(conn.dup)  # the socket closes once libzmq's descriptor is closed too
+        os.close(dup)  # the socket closes once libzmq's descriptor is closed too
 
     @staticmethod
     def _shut(dup: int) -> None:

@@ -12,7 +12,10 @@ well formed but hostile: hello floods that fill every session slot, claims on ot
 reports and OOMs with tokens other sessions were given, forged tokens, forget and status floods,
 status asked by two peers that never read the replies.
 Messages are the frames counted. A final stage ("bulk") sends messages of many large frames,
-which libzmq holds whole before the daemon sees them: its memory is reported apart.
+which libzmq holds whole before the daemon sees them, each on a connection of its own, 32 at
+once: each is answered, or its connection is shut down by the daemon's guard while libzmq holds
+it past the daemon's memory limit (memd/guard.py; the sender's monitor sees the disconnection,
+counted "cut off"). Its memory is reported apart.
 
 Throughout, a probe in a process of its own (so the fuzzer never holds its GIL) pings the daemon
 and asks a memd.client.Session for a plan every 20 ms: the ping's latency is the daemon's stall,
@@ -511,6 +514,51 @@ class Attack:
         time.sleep(1.5)  # what the daemon keeps: it trims its heap at most once a second
         self.stats.kept[name] = max(self.stats.kept.get(name, 0), self.daemon.rss_bytes() or 0)
 
+    def bulk(self, count: int) -> None:
+        """``count`` messages of many large frames, each on a DEALER of its own, IN_FLIGHT at once;
+        each ends answered or cut off (its connection shut down by the daemon), else unanswered."""
+        began, sent, checked = time.time(), 0, 0.0
+        open_: List[Tuple[zmq.Socket, zmq.Socket, List[bytes], float]] = []  # (sock, its monitor, frames, sent at)
+        while sent < count or open_:
+            while sent < count and len(open_) < IN_FLIGHT:
+                sock = self.ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                sock.connect(self.daemon.endpoint)
+                frames = self.forge.bulk()
+                sock.send_multipart(frames, copy=False)
+                open_.append((sock, monitor, frames, time.monotonic()))
+                self.stats.sent["bulk"] += 1
+                self.stats.frames += len(frames)
+                sent += 1
+            poller = zmq.Poller()
+            for sock, monitor, _, _ in open_:
+                poller.register(sock, zmq.POLLIN)
+                poller.register(monitor, zmq.POLLIN)
+            ready = dict(poller.poll(100))
+            for entry in list(open_):
+                sock, monitor, frames, at = entry
+                if sock in ready:
+                    self.stats.answer("bulk", frames, sock.recv_multipart()[-1], self.forge)
+                elif monitor in ready:
+                    self.stats.silent["bulk"] += 1  # cut off: the daemon shut its connection down
+                elif time.monotonic() - at > REPLY_WAIT:
+                    self.stats.unanswered["bulk"] += 1
+                else:
+                    continue
+                sock.disable_monitor()
+                monitor.close(0)
+                sock.close(0)
+                open_.remove(entry)
+            if time.monotonic() - checked > 0.01:
+                checked = time.monotonic()
+                self.watch("bulk")
+        self.watch("bulk")
+        self.stats.windows.append(("bulk", began, time.time()))
+        self.stats.hwm["bulk"] = max(self.stats.hwm.get("bulk", 0), self.daemon.hwm_bytes() or 0)
+        time.sleep(1.5)
+        self.stats.kept["bulk"] = max(self.stats.kept.get("bulk", 0), self.daemon.rss_bytes() or 0)
+
     def overframe(self) -> None:
         try:
             self.doomed.send_multipart(self.forge.overframe(), zmq.NOBLOCK, copy=False)
@@ -581,7 +629,7 @@ def fuzz_transport(transport: str, frames: int, seconds: float, forge: Forge, st
         attack.wait_for_probe()
         attack.stage("mixed", frames, seconds, forge.next)
         if bulk:
-            attack.stage("bulk", bulk, math.inf, lambda: ("bulk", forge.bulk()))
+            attack.bulk(bulk)
         stats.late_hello.append(attack.late_hello())
     finally:
         attack.close()
@@ -658,7 +706,11 @@ def markdown(s: Dict[str, Any]) -> str:
         "- a new job's hello after the fuzzing: %s" % ", ".join(s["late_hello"]),
         "- replies by code: %s" % counts(s["replies_by_code"]),
         "", "| kind | sent | replies by code |", "|---|---|---|"]
-    lines += ["| %s | %d | %s |" % (kind, n, counts(s["replies_by_kind"].get(kind, {})) or "none by design")
+    silent = {"bulk": "cut off", "overframe": "libzmq closes the connection", "unread_status": "never read"}
+    lines += ["| %s | %d | %s |" % (kind, n, "; ".join(filter(None, (
+        counts(s["replies_by_kind"].get(kind, {})),
+        "no reply by design (%s) %d" % (silent.get(kind, "none"), s["no_reply_by_design"][kind])
+        if s["no_reply_by_design"].get(kind) else ""))))
               for kind, n in s["sent_by_kind"].items()]
     return "\n".join(lines) + "\n"
 

@@ -67,6 +67,7 @@ class Config:
     flush_interval: float = 2.0  # seconds between writes of what live sessions learned (state.flush_soon)
     state_dir: Optional[str] = None
     max_sessions: int = 256
+    max_connections: int = 512  # beyond it the newest connection is shut down (memd/guard.py)
     session_ttl: float = 600.0  # seconds of silence after which a session is dropped
     log_level: str = "info"
     log_format: str = "auto"  # auto (JSON unless on a terminal), json or console
@@ -207,6 +208,8 @@ def validate(config: Config, origins: Optional[Mapping[str, str]] = None) -> Non
         raise bad("job_interval", "must be at least 'interval' (%s s)" % config.interval)
     if config.max_sessions < 1:
         raise bad("max_sessions", "must be at least 1")
+    if config.max_connections < 1:
+        raise bad("max_connections", "must be at least 1")
     if not config.session_ttl > 0:
         raise bad("session_ttl", "must be positive")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -51,7 +51,8 @@ class Daemon:
         sessions = Sessions(cfg.max_sessions, cfg.session_ttl, clock, self._alive)
         self.core = Core(cfg, sessions, self.store, clock=clock, proc_root=self.sampler.proc_root)
         self.server = Server(cfg.resolved_endpoint(), self._dispatch(), self.core.observe_request,
-                             curve_secret_key=_curve_key(cfg), client_keys=_client_keys(cfg))
+                             curve_secret_key=_curve_key(cfg), client_keys=_client_keys(cfg),
+                             max_connections=cfg.max_connections)
         self.metrics: Optional[metrics.MetricsServer] = None
         self._stop = threading.Event()
         self._reload = threading.Event()
@@ -262,6 +263,9 @@ class Daemon:
         self.core.config = new
         self.core.sessions.max_sessions = new.max_sessions
         self.core.sessions.ttl = new.session_ttl
+        self.server.max_connections = new.max_connections
+        if self.server.guard is not None:
+            self.server.guard.max_connections = new.max_connections  # new connections; those beyond stay
         configure_logging(new)
         if allowed is not None and self.server.zap is not None:
             self.server.zap.admit(allowed)  # new handshakes only: connections admitted before stay

@@ -9,11 +9,13 @@ get a ``too_large`` reply; messages over four times the cap are dropped by libzm
 (ZMQ_MAXMSGSIZE), which disconnects the sender.
 ZMQ_MAXMSGSIZE caps a frame, not a message, so frames beyond the protocol's (MAX_FRAMES) are
 received without a copy and dropped, never echoed, and each peer's queue holds at most RCVHWM
-messages (docs/protocol.md, "Envelope").
+messages (docs/protocol.md, "Envelope"). What libzmq holds before a message is whole, and how
+many connections it keeps, the guard bounds (guard.py).
 """
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 import time
@@ -27,6 +29,7 @@ from memd.client import protocol
 from memd.client.counts import whole
 from memd.client.heap import trim_heap
 from memd.config import ConfigError
+from memd.guard import MAX_CONNECTIONS, Guard
 from memd.logs import Throttle
 from memd.ops import Invalid
 from memd.sessions import Peer, TooManySessions, UnknownSession
@@ -61,8 +64,15 @@ def peer_of(address: Optional[str]) -> Optional[Peer]:
 class Server:
     def __init__(self, endpoint: str, dispatch: Dict[str, Handler], observe: Optional[Observer] = None,
                  curve_secret_key: Optional[bytes] = None, socket_mode: int = 0o660,
-                 throttle: Optional[Throttle] = None, client_keys: Optional[FrozenSet[bytes]] = None):
+                 throttle: Optional[Throttle] = None, client_keys: Optional[FrozenSet[bytes]] = None,
+                 max_connections: int = MAX_CONNECTIONS):
         self.endpoint = endpoint
+        self.max_connections = max_connections
+        self.guard: Optional[Guard] = None  # made with the socket, before it binds
+        self.received = 0  # messages taken from the socket, ever (the guard's rounds)
+        self._waking = False  # whether the poller waits on the guard's wakers (it is idle)
+        self._zap_sock: Optional[zmq.Socket] = None
+        self._caught_up = False  # the socket was found empty since the guard's last look
         self.throttle = throttle or Throttle(interval=60.0)  # one traceback a minute per op and error
         self.dispatch = dispatch
         self.observe = observe or (lambda op, outcome, seconds: None)
@@ -117,11 +127,13 @@ class Server:
             sock.curve_publickey = zmq.curve_public(self.curve_secret_key)
             sock.curve_server = True
             sock.zap_domain = DOMAIN
+        guard = Guard(sock, self.max_connections)  # its monitor first: it must see every connection
         try:
             if self.endpoint.startswith("ipc://"):
                 self._prepare_ipc(self.endpoint[len("ipc://"):])
             sock.bind(self.endpoint)
         except zmq.ZMQError as exc:
+            guard.close()
             sock.close(0)
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError("endpoint %s is in use by another process (--endpoint)" % self.endpoint) from None
@@ -131,11 +143,12 @@ class Server:
                 os.chmod(self._ipc_path, self.socket_mode)
             except OSError:
                 pass
-        self.sock = sock
+        self.sock, self.guard = sock, guard
         self._poller = zmq.Poller()  # one for the daemon's life: Socket.poll() builds one per call
         self._poller.register(sock, zmq.POLLIN)
         if self.zap is not None:
             self._poller.register(self.zap.sock, zmq.POLLIN)
+            self._zap_sock = self.zap.sock
 
     def _prepare_ipc(self, path: str) -> None:
         """Make the socket's directory; refuse to steal a live daemon's socket, clear a stale one."""
@@ -159,11 +172,27 @@ class Server:
 
     def poll(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for requests and handle what arrived; returns how many."""
-        assert self.sock is not None
+        assert self.sock is not None and self.guard is not None
         if self._dropped_bytes >= TRIM_AFTER:
             self._trim()
-        if not self._poller.poll(int(timeout * 1000)):
-            return 0
+        guard = self.guard
+        now = time.monotonic()
+        deadline = now + timeout
+        while True:  # the guard looks every few ms while bytes come, whether or not requests do
+            if now >= guard.due:
+                guard.check(now, self._caught_up, self.received)
+                self._caught_up = False
+                if guard.idle is not self._waking:
+                    self._wake_on(guard)
+            ready = self._poller.poll(max(0, math.ceil((min(deadline, guard.due) - now) * 1000)))
+            if ready and (not self._waking or any(s is self.sock or s is self._zap_sock for s, _ in ready)):
+                break
+            if ready:
+                guard.due = now  # bytes or a connection came to an idle guard: it looks at once
+            self._caught_up = True  # nothing waits
+            now = time.monotonic()
+            if now >= deadline:
+                return 0
         if self.zap is not None:
             self.zap.serve()  # handshakes waiting for the allow-list's word
         handled = 0
@@ -173,6 +202,7 @@ class Server:
             try:
                 frames, dropped = self._receive()
             except zmq.Again:
+                self._caught_up = True
                 break
             handled += 1
             if self.revoked and self.zap is not None:  # its key was taken off the allow-list since
@@ -180,8 +210,19 @@ class Server:
             else:
                 self._handle(frames, dropped)
             if not self.sock.getsockopt(_EVENTS) & _POLLIN:  # type: ignore[operator]  # pyzmq: int | bytes; EVENTS is an int
+                self._caught_up = True
                 break
+        self.received += handled
         return handled
+
+    def _wake_on(self, guard: Guard) -> None:
+        """Wait on the guard's wakers while it is idle, not while it looks every few ms."""
+        for waker in guard.wakers:
+            if guard.idle:
+                self._poller.register(waker, zmq.POLLIN)
+            else:
+                self._poller.unregister(waker)
+        self._waking = guard.idle
 
     def _trim(self) -> None:
         """Give the C heap's free pages back, at most once a second: libzmq holds a whole message
@@ -208,6 +249,8 @@ class Server:
             else:
                 self._dropped_bytes += len(self.sock.recv(_NOBLOCK, copy=False))  # freed at once
                 dropped += 1
+        if not dropped:
+            self.guard.came_by(first)
         return frames, dropped
 
     def _handle(self, frames: List[bytes], dropped: int = 0) -> None:
@@ -285,6 +328,9 @@ class Server:
         return _error(request_id, protocol.INTERNAL, "internal error: %s" % type(exc).__name__), op, protocol.INTERNAL
 
     def close(self) -> None:
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None

@@ -724,7 +724,7 @@ def test_a_worker_is_levelled_by_the_cpu_it_used_not_the_clock():
     """On the recorded traces the clock alone took the four workers at batch 64 for levelled at
     298-307 MiB, 95-98 % of their 314; on a loaded machine (the benchmark's helpers loop at
     2fdbadd) a worker starved of CPU copied little for a while, was taken for levelled short of
-    its level, and the loop was planned 191 where 126 ran. Levelled now also means that over
+    its level, and the loop was planned 191 where 138 fits. Levelled now also means that over
     its last CPU second it grew at most 0.5 % of what it holds per CPU second: 313 MiB here. A
     worker that grew little over its last reads only because it got little CPU is not levelled."""
     import collections

@@ -23,7 +23,7 @@ WORK, LEVEL = 0.1, 0.02
 # second: the clock alone took those four for levelled at 298-307 MiB (95-98 % of their level),
 # and on a loaded machine, where a worker starved of CPU copies little for a while, the
 # benchmark's loop took a worker for levelled some 20 MiB short, which four times over let its
-# batch past what fits (191 where 126 ran). Against CPU seconds they were at 313 MiB (99.7 %).
+# batch past what fits (191 where 138 fits). Against CPU seconds they were at 313 MiB (99.7 %).
 LEVEL_SLOPE, LEVEL_WORK = 0.005, 1.0
 # Its level is read off its course once the second half of its CPU time grew it at most SLOWED of
 # what the first half did, and the first half grew it at least GREW of what it holds (less is a

@@ -57,6 +57,16 @@ _NO_LINGER = struct.pack("ii", 1, 0)  # struct linger: on, 0 seconds
 _MONITOR_HWM = 100_000  # events queued for the guard (a flood of connections): libzmq blocks past it
 
 
+def descriptor(frame: zmq.Frame) -> Optional[int]:
+    """The descriptor of the connection a message came on (ZMQ_SRCFD: deprecated in libzmq, still
+    set by 4.3); None where it is not."""
+    try:
+        fd = frame.get(_SRCFD)
+    except zmq.ZMQError:
+        return None
+    return fd if isinstance(fd, int) else None
+
+
 def to_cut(streaks: Mapping[int, int], rss: Optional[int], limit: Optional[int]) -> List[int]:
     """The connections to shut down: over the memory limit, those that kept receiving for
     STREAK looks without delivering an allowed message. Under it nobody: an unfinished message
@@ -127,9 +137,10 @@ class Guard:
     def came_by(self, frame: zmq.Frame) -> None:
         """Note the connection an allowed message came by (its streak ends)."""
         if self._srcfd:
-            try:
-                self.delivered.add(frame.get(_SRCFD))
-            except zmq.ZMQError:  # a libzmq without SRCFD: every busy connection looks unfinished
+            fd = descriptor(frame)
+            if fd is not None:
+                self.delivered.add(fd)
+            else:  # a libzmq without SRCFD: every busy connection looks unfinished
                 self._srcfd = False
                 log.warning("guard_degraded", reason="libzmq does not say which connection a message came by")
 

@@ -29,7 +29,7 @@ from memd.client import protocol
 from memd.client.counts import whole
 from memd.client.heap import trim_heap
 from memd.config import ConfigError
-from memd.guard import MAX_CONNECTIONS, Guard
+from memd.guard import MAX_CONNECTIONS, Guard, descriptor
 from memd.logs import Throttle
 from memd.ops import Invalid
 from memd.sessions import Peer, TooManySessions, UnknownSession
@@ -110,7 +110,7 @@ class Server:
             return None
         if self._ipc_path is not None:
             return _sender(self._first)
-        return self.loopback.of(_descriptor(self._first), pid) if self.endpoint.startswith("tcp://") else None
+        return self.loopback.of(descriptor(self._first), pid) if self.endpoint.startswith("tcp://") else None
 
     def bind(self) -> None:
         """Bind, or raise ConfigError with one line saying why (busy, stale, no permission)."""
@@ -347,16 +347,6 @@ class Server:
 
 def _sender(frame: zmq.Frame) -> Optional[Peer]:
     return peer_of(_property(frame, "Peer-Address"))
-
-
-def _descriptor(frame: zmq.Frame) -> Optional[int]:
-    """The descriptor of the connection a message came on (ZMQ_SRCFD: deprecated in libzmq, still
-    set by 4.3); None where it is not."""
-    try:
-        fd = frame.get(zmq.SRCFD)
-    except zmq.ZMQError:
-        return None
-    return fd if isinstance(fd, int) else None
 
 
 def _property(frame: zmq.Frame, name: str) -> Optional[str]:

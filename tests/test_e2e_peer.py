@@ -3,7 +3,6 @@ libzmq's Peer-Address), so what a hello claims about a process is checked agains
 
 Real daemon, real ipc socket, a real second user (`nobody`, forked from the root test process).
 """
-import json
 import os
 import shutil
 import socket
@@ -14,7 +13,7 @@ import pytest
 from memd import client
 from memd.sampling import procs
 from memd.server import Peer, peer_of
-from nobody import as_nobody
+from nobody import Flood, as_nobody
 from realdaemon import wait_for
 
 GiB = 1 << 30
@@ -68,40 +67,9 @@ def test_a_hello_naming_another_users_process_is_neither_watched_nor_remembered(
     shared.call("bye", token=token)
 
 
-class Flood:
-    """``nobody`` saying hello ``count`` times from one live process, which stays until closed:
-    the sessions of a process that is gone are ended before any slot is refused."""
-
-    def __init__(self, endpoint, count):
-        self.replies, self.hold = os.pipe(), os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                os.close(self.replies[0])
-                os.close(self.hold[1])
-                os.setgid(65534)
-                os.setuid(65534)
-                codes = []
-                for i in range(count):
-                    try:
-                        _hello(endpoint, os.getpid(), "flood-%d" % i)
-                        codes.append("ok")
-                    except client.Refused as exc:
-                        codes.append(exc.code)
-                os.write(self.replies[1], json.dumps(codes).encode() + b"\n")
-                os.read(self.hold[0], 1)  # until the test closes it
-            except BaseException as exc:
-                os.write(self.replies[1], json.dumps(repr(exc)).encode() + b"\n")
-            finally:
-                os._exit(0)
-        os.close(self.replies[1])
-        os.close(self.hold[0])
-        with os.fdopen(self.replies[0], "rb") as f:
-            self.codes = json.loads(f.readline())
-
-    def close(self):
-        os.close(self.hold[1])
-        os.waitpid(self.pid, 0)
+def flooding(endpoint):
+    """Flood's hello: a job of nobody's, named for its place in the flood, its pid its own."""
+    return lambda i: _hello(endpoint, os.getpid(), "flood-%d" % i)
 
 
 def test_one_users_flood_of_sessions_gives_way_to_another_users_job(start_memd):
@@ -121,24 +89,25 @@ def test_one_users_flood_of_sessions_gives_way_to_another_users_job(start_memd):
         memd = start_memd(endpoint="ipc://" + path, args=["--config", config])
         os.chmod(path, 0o666)
 
-        floods.append(Flood(memd.endpoint, 10))
+        floods.append(Flood(flooding(memd.endpoint), 10))
         assert floods[0].codes == ["ok"] * 8 + ["too_many_sessions"] * 2  # one user alone may fill every slot
-        floods.append(Flood(memd.endpoint, 5))  # the same user's second process gets its share: 4 of 8
+        floods.append(Flood(flooding(memd.endpoint), 5))  # the same user's second process gets its share: 4 of 8
         assert floods[1].codes == ["ok"] * 4 + ["too_many_sessions"], floods[1].codes
         floods[1].close()
         floods.pop()
         assert wait_for(lambda: len(memd.call("status")["sessions"]) == 4)  # its sessions end with it
-        floods.append(Flood(memd.endpoint, 5))  # another process of the same user: the free slots
+        floods.append(Flood(flooding(memd.endpoint), 5))  # another process of the same user: the free slots
         assert floods[1].codes == ["ok"] * 4 + ["too_many_sessions"], floods[1].codes
         floods[1].close()
         floods.pop()
         floods[0].close()
         floods.pop()
-        floods.append(Flood(memd.endpoint, 10))
+        floods.append(Flood(flooding(memd.endpoint), 10))
         token = _hello(memd.endpoint, os.getpid(), "mine")["token"]  # root's job gets one
         jobs = sorted(s["job"] for s in memd.call("status")["sessions"])
         assert jobs == ["flood-%d" % i for i in range(7)] + ["mine"], jobs  # the newest of the flood gave way
-        floods.append(Flood(memd.endpoint, 1))  # another process of that user: a slot of its flood, not root's
+        # another process of that user: a slot of its flood, not root's
+        floods.append(Flood(flooding(memd.endpoint), 1))
         assert floods[1].codes == ["ok"]
         held = [(s["job"], s["pid"]) for s in memd.call("status")["sessions"]]
         assert ("mine", os.getpid()) in held and sum(pid == floods[0].pid for _, pid in held) == 6, held

@@ -15,7 +15,7 @@ import pytest
 
 from memd.client import Refused, Session, call, curve
 from memd.sampling import procs
-from nobody import as_nobody
+from nobody import Flood, as_nobody
 from realdaemon import Daemon, free_port, run_memd
 
 GB = 10 ** 9
@@ -147,42 +147,6 @@ def test_a_local_user_sees_local_jobs_but_not_keyed_ones(tmp_path, public_dir, t
         daemon.stop()
 
 
-class Flood:
-    """``nobody`` saying hello ``count`` times from one live process that stays until closed:
-    the sessions of a process that is gone are ended before any slot is refused."""
-
-    def __init__(self, endpoint, count):
-        replies, self.hold = os.pipe(), os.pipe()
-        self.pid = os.fork()
-        if self.pid == 0:
-            try:
-                os.close(replies[0])
-                os.close(self.hold[1])
-                os.setgid(65534)
-                os.setuid(65534)
-                codes = []
-                for i in range(count):
-                    try:
-                        _hello(endpoint, "nobodys-%d" % i)
-                        codes.append("ok")
-                    except Refused as exc:
-                        codes.append(exc.code)
-                os.write(replies[1], json.dumps(codes).encode() + b"\n")
-                os.read(self.hold[0], 1)  # until the test closes it
-            except BaseException as exc:
-                os.write(replies[1], json.dumps(repr(exc)).encode() + b"\n")
-            finally:
-                os._exit(0)
-        os.close(replies[1])
-        os.close(self.hold[0])
-        with os.fdopen(replies[0], "rb") as f:
-            self.codes = json.loads(f.readline())
-
-    def close(self):
-        os.close(self.hold[1])
-        os.waitpid(self.pid, 0)
-
-
 def test_two_loopback_tcp_peers_of_different_users_share_the_slots_as_two_users(tmp_path):
     """Eight slots, all root's: nobody's job over loopback TCP takes the newest of them until
     each holds four, and neither takes more. Before, every TCP peer was one user: nobody got
@@ -194,7 +158,7 @@ def test_two_loopback_tcp_peers_of_different_users_share_the_slots_as_two_users(
     flood = None
     try:
         tokens = [_hello(endpoint, "roots-%d" % i)["token"] for i in range(8)]
-        flood = Flood(endpoint, 5)
+        flood = Flood(lambda i: _hello(endpoint, "nobodys-%d" % i), 5)
         assert flood.codes == ["ok"] * 4 + ["too_many_sessions"], flood.codes
         jobs = sorted(s["job"] for s in daemon.call("status")["sessions"])
         assert jobs == ["nobodys-%d" % i for i in range(4)] + ["roots-%d" % i for i in range(4)], jobs

@@ -121,18 +121,17 @@ class StateStore:
         a cursor, and recall() only the page's entries (all 512 of 32 points cost 13 ms)."""
         return sorted(_split(key) for key in self._jobs)
 
-    def forget(self, job: str, pool_key: Optional[str] = None, owner: Optional[str] = None,
+    def forget(self, job: str, pool_key: Optional[str] = None,
                mine: Optional[Callable[[Optional[str]], bool]] = None) -> List[str]:
         """Drop what was learned for ``job``, in every pool or only ``pool_key`` (a pool key
         without its configuration and owner, planner.identify's "#..." and "@uid:...", names every
-        configuration and owner in that pool), of every owner or only ``owner`` ("key:...") or
-        those ``mine`` accepts (memd.visibility); returns the pool keys dropped, sorted. The store
-        is dirty (flush writes it) only if one was."""
+        configuration and owner in that pool), of every owner or only those whose owner
+        (owner_of: "uid:N", "key:..." or None) ``mine`` accepts (memd.visibility); returns the
+        pool keys dropped, sorted. The store is dirty (flush writes it) only if one was."""
         dropped = []
         for key in list(self._jobs):
             name, pool = _split(key)
-            if (name == job and pool_key in (None, pool, base_pool(pool)) and owner in (None, owner_of(pool))
-                    and (mine is None or mine(owner_of(pool)))):
+            if name == job and pool_key in (None, pool, base_pool(pool)) and (mine is None or mine(owner_of(pool))):
                 self._drop(key)
                 dropped.append(pool)
         if dropped:

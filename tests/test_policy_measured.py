@@ -752,3 +752,28 @@ def test_a_worker_is_levelled_by_the_cpu_it_used_not_the_clock():
     course = [(0.0, 100 * MiB), (1.0, 250 * MiB), (2.0, 290 * MiB), (2.12, 291 * MiB)]
     starved = [(100.0 + 2 * i, 2.0 + 0.015 * i, (290 + i // 7) * MiB) for i in range(8)]
     assert not growth(starved, 600 * MiB, 30.0, course).levelled
+
+
+def test_beside_copying_workers_the_batch_is_not_probed_below():
+    """The benchmark's loop that rebuilds its four workers at each change of batch (a probe at
+    c458298, a quiet machine): at batch 32, its workers at 0.22 GiB each and still copying, the
+    loop was probed at 16 to learn the cost of a sample. The rebuild started its workers over
+    (0.04 GiB each), their projection to all they map held it at 16, and it ran its last 150
+    steps there. Now it holds 32; without workers the same numbers still probe."""
+    from memd.policy.budget import Pool
+
+    curve = fit([Observation(32, 733 * MiB, warmup=True), Observation(32, 733 * MiB), Observation(32, 733 * MiB)],
+                kills=True)
+    assert curve.source == "bound"
+    uss = (220, 226, 218, 220)  # and 0.33 GiB more within seconds at their rate, 2031 MiB of room in all
+    pool = Pool("host", "cpu", 2 * GiB, (2031 - 724 - sum(uss)) * MiB, 724 * MiB, 20 * MiB).with_reserved(334 * MiB)
+    facts = WorkerFacts(cpus=2, uss=tuple(u * MiB for u in uss), cost=598 * MiB, evident=314 * MiB,
+                        growth=334 * MiB)
+    held = decide(curve, pool, Limits(), ControlState(batch=32), "ok", CFG, workers=facts, latest_batch=32,
+                  latest_peak=733 * MiB).plan
+    assert held.batch_size == 32 and held.reason.startswith("holding 32: its 4 workers are still copying"), \
+        held.reason
+    alone = replace(pool, free_bytes=(755 + 20 - 724) * MiB, reserved_bytes=0)  # the budget it was probed on
+    probed = decide(curve, alone, Limits(), ControlState(batch=32), "ok", CFG, latest_batch=32,
+                    latest_peak=733 * MiB).plan
+    assert probed.batch_size == 16 and probed.reason.startswith("probing 16"), probed.reason

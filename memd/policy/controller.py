@@ -197,7 +197,15 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
     copy fast it waits: the pool and the workers are read apart (the group every sample, each
     worker's pages at the job's read), and while fresh workers copied tens of MiB a second their
     room read 0.14 GiB high at the moment the benchmark's loop was planned 209 where 87 had just
-    fit. And it goes no further than the lowest room within the horizon (``dip``, planner.room_dip)."""
+    fit. And it goes no further than the lowest room within the horizon (``dip``, planner.room_dip).
+    Nor does it probe below the batch while the projection holds growth: the slope a probe
+    measures is of no use until the workers level off, and a loop that rebuilds its loader at a
+    change of batch restarts their copying (the benchmark's loop probed 16 from 32 when its
+    workers held 0.22 GiB each; its new ones started over at 0.04 and held it at 16 for the
+    150 steps left)."""
+    if unproven is not None and unproven <= current and limit < current and reason.startswith("probing"):
+        return current, "holding %d: its %d workers are still copying their dataset, and until they level off " \
+            "each may come to %.2f GiB" % (current, _running(workers), (_per_worker(workers) or 0) / GiB)
     if unproven is not None and limit > max(current, unproven):
         limit = max(current, unproven)
         reason = "holding %d: its %d workers are still copying their dataset, and until they level off each " \

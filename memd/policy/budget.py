@@ -8,7 +8,7 @@ minus a margin and minus the growth already promised to other sessions in the po
 
 What is held back depends on who owns the pool. The machine's RAM keeps an OS reserve (the
 OS and the desktop live there); a job's own cgroup has no OS in it, so its room is the limit
-minus what the group cannot give back (page cache nobody maps is reclaimed before a kill).
+minus what the group cannot give back (page cache is reclaimed before a kill: cgroup.py).
 The margin is small: the learned curve already carries the spread of this job's own peaks,
 so the margin only covers what no report shows (kernel memory, others' growth between samples).
 """
@@ -165,7 +165,7 @@ def bounded_by(cg: Optional[Cgroup], capacity: int, free: int) -> Tuple[int, int
 
 def unreclaimable(cg: Cgroup) -> int:
     """What the group holds that the kernel cannot take back before killing: usage minus the
-    page cache nobody maps (working set, as cAdvisor, when that is not reported)."""
+    page cache it reclaims first (working set, as cAdvisor, when that is not reported)."""
     if cg.reclaimable_bytes is not None and cg.usage_bytes is not None:
         return max(0, cg.usage_bytes - cg.reclaimable_bytes)
     return cg.working_set_bytes if cg.working_set_bytes is not None else (cg.usage_bytes or 0)

@@ -43,7 +43,7 @@ class Cgroup:
     usage_bytes: Optional[int]
     high_bytes: Optional[int] = None  # v2 memory.high; None when unlimited or v1
     working_set_bytes: Optional[int] = None  # usage minus inactive file pages, as cAdvisor
-    reclaimable_bytes: Optional[int] = None  # page cache no process maps: reclaimed before any kill
+    reclaimable_bytes: Optional[int] = None  # page cache the kernel reclaims before any kill (cgroup.py)
     oom_events: Optional[int] = None  # times the limit was hit and reclaim failed
     oom_kill_events: Optional[int] = None
     pressure: Optional[Pressure] = None  # v2 memory.pressure

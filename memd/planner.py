@@ -402,6 +402,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
     return WorkerFacts(cpus=cpus, uss=uss, cost=memo.worker_cost or None, batch_bytes=session.batch_bytes,
                        evident=memo.worker_evident or None,
                        running=int(statistics.median_low(recent)) if recent else None,
+                       newest=recent[-1] if recent else None, read=memo.workers_read if job is not None else None,
                        growth=memo.worker_growth if job is not None else 0,
                        copying=memo.worker_copying if job is not None else 0, follows=session.follows_workers)
 

@@ -777,3 +777,55 @@ def test_beside_copying_workers_the_batch_is_not_probed_below():
     probed = decide(curve, alone, Limits(), ControlState(batch=32), "ok", CFG, latest_batch=32,
                     latest_peak=733 * MiB).plan
     assert probed.batch_size == 16 and probed.reason.startswith("probing 16"), probed.reason
+
+
+# The same loop (a probe at 219f658, a quiet machine): its steps at batch 32, 65 and 130.
+STARTING = [Observation(32, 730 * MiB, warmup=True), Observation(32, 733 * MiB),
+            Observation(65, 768 * MiB, settling=True), Observation(65, 769 * MiB)]
+
+
+def test_growth_goes_beside_the_workers_of_the_latest_read():
+    """1.2 s in, its loader's four workers had just started (0.02-0.03 GiB each), but the median
+    of the worker counts read so far was 1, and the plan ramped 65 -> 130 beside one projected
+    worker. Growth now goes beside the four of the latest read, each projected to all it maps."""
+    from memd.policy.budget import Pool
+
+    uss = (31, 24, 18, 21)
+    pool = Pool("host", "cpu", 2 * GiB, (2127 - 721 - sum(uss)) * MiB, 721 * MiB, 20 * MiB)
+
+    def plan(newest):
+        facts = WorkerFacts(cpus=2, uss=tuple(u * MiB for u in uss), cost=599 * MiB, evident=31 * MiB, running=1,
+                            newest=newest)
+        return decide(fit(STARTING, kills=True), pool, Limits(), ControlState(batch=65), "ok", CFG, workers=facts,
+                      latest_batch=65, latest_peak=769 * MiB).plan
+
+    assert plan(None).batch_size == 130  # as it went
+    held = plan(4)
+    assert held.batch_size == 65 and held.reason.startswith("holding 65: its 4 workers are still copying"), held.reason
+
+
+def test_a_cut_on_what_workers_will_add_waits_for_their_next_read():
+    """10 s later, its workers at 0.17-0.19 GiB each and copying 50 MiB a second together, their
+    projection (0.34 GiB each within 10 s) cut 130 to 65, then, on the same read of the workers,
+    the next two reports cut it to 32 and 1. The new workers of its rebuilt loader started over
+    and, at batch 1, copied too slowly to ever show their level. Now the second cut waits for the
+    next read, as the batch fits beside the workers as they are; on a new read it goes on."""
+    from memd.policy.budget import Pool
+
+    curve = fit(STARTING + [Observation(130, 837 * MiB, settling=True), Observation(130, 838 * MiB),
+                            Observation(65, 770 * MiB, settling=True)], kills=True)
+    uss = (191, 199, 172, 175)
+    pool = Pool("host", "cpu", 2 * GiB, (2105 - 816 - sum(uss)) * MiB, 816 * MiB, 20 * MiB).with_reserved(514 * MiB)
+    facts = WorkerFacts(cpus=2, uss=tuple(u * MiB for u in uss), cost=602 * MiB, evident=349 * MiB, running=4,
+                        newest=4, growth=514 * MiB, read=10.4)
+
+    def decided(batch, peak, cut_on=None):
+        return decide(curve, pool, Limits(), ControlState(batch=batch, cut_on=cut_on), "ok", CFG, workers=facts,
+                      latest_batch=batch, latest_peak=peak * MiB)
+
+    first = decided(130, 838)
+    assert first.plan.batch_size == 65 and first.state.cut_on == 10.4, first.plan.reason
+    again = decided(65, 770, cut_on=first.state.cut_on)
+    assert again.plan.batch_size == 65 and again.plan.reason.startswith(
+        "keeping 65: cut to it on its workers' latest read"), again.plan.reason
+    assert decided(65, 770, cut_on=8.4).plan.batch_size == 32  # a cut on an earlier read: the next one goes on

@@ -122,9 +122,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     current = state.batch
     kept = unproven = None
     at_ceiling = False
-    as_they_are = budget  # the budget if the workers stopped growing now (their growth is held back in it)
+    as_they_are = None  # the budget beside workers if they stopped growing now (their growth is held back in it)
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
-        as_they_are = budget + workers.growth
+        as_they_are = budget + workers.growth if workers.uss else None
         budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
@@ -138,7 +138,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
                                                limits, latest_peak, latest_batch, cfg)
-        if (limit < current and workers.read is not None and state.cut_on == workers.read and as_they_are is not None
+        if (limit < current and as_they_are is not None and workers.read is not None and state.cut_on == workers.read
                 and latest_batch == current and latest_peak is not None and latest_peak <= as_they_are):
             # A cut on what the workers will add (a projection of their latest read) waits for the
             # next read: that read shows what the cut gave back (a loop that rebuilds its loader
@@ -198,7 +198,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
                      throttle=level == "critical",
                      fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4)
     predicted = curve.peak(batch) if curve is not None else None
-    cut_on = workers.read if workers is not None and current is not None and batch < current else state.cut_on
+    cut_on = workers.read if as_they_are is not None and current is not None and batch < current else state.cut_on
     new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap, cut_on=cut_on)
     return Decision(plan, new_state, budget, predicted, at_ceiling)
 

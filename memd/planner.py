@@ -377,6 +377,10 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # but while it lasts the room read beside it runs high (controller._growth_beside_workers).
             rushing = int(min(one.rate * GROWTH_AHEAD, max(0, one.projected - held)))
             soon = rushing if one.sustained else 0
+            if level is not None and held < level:
+                # It copies the dataset the others did and stops at their level: its rate, read
+                # while it copies fastest, is no line to draw past it.
+                soon = min(soon, level - held)
             copying += rushing
             if level is not None:
                 # The workers copy the same dataset: each costs the job's level, or more as it passes it

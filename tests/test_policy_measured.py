@@ -829,3 +829,44 @@ def test_a_cut_on_what_workers_will_add_waits_for_their_next_read():
     assert again.plan.batch_size == 65 and again.plan.reason.startswith(
         "keeping 65: cut to it on its workers' latest read"), again.plan.reason
     assert decided(65, 770, cut_on=8.4).plan.batch_size == 32  # a cut on an earlier read: the next one goes on
+
+
+def test_fresh_workers_below_the_level_cost_the_level_not_their_rate():
+    """The benchmark's loop with two workers (two-workers-2g at e859d9f, a quiet machine): with
+    the level read (0.32 GiB), every batch it grew to near 650 rebuilt its loader, and the fresh
+    workers, copying tens of MiB a second at that batch, were projected at their rate 10 s
+    ahead: 0.39-0.53 GiB each. The batch went down to 250-500, up again, for the whole run,
+    and ended at 542 of the 648 that fit. A worker below the job's level costs the level; one
+    that passes it, what it holds and will add. The rates here are the real worker's at batch 600
+    (tests/data/worker_growth.json: 135, 213, 256 MiB 2 s apart), after four at batch 64 levelled
+    at 314."""
+    import json
+    import os
+
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
+        traces = json.load(f)
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+
+    def read(at, workers, first_pid):
+        procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
+            ProcessMemory(first_pid + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
+                          cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+
+    reads = traces["batch 64, 4 workers, 700 steps"]
+    for at, workers in reads:
+        levelled = read(at, workers, 8)
+    assert 313 * MiB <= levelled.cost <= 320 * MiB
+    end = reads[-1][0]
+    for at, workers in traces["batch 600, 1 worker, 60 steps"][:14]:  # a rebuilt loader's two: 135 -> 332 MiB in 20 s
+        fresh = read(end + at, workers * 2, 20)
+        held = workers[0][1]
+        if held < 314:  # below the level: its level (its rate once projected 295 MiB to 0.54 GiB)
+            assert fresh.cost == levelled.cost, (at, held, fresh.cost // MiB)
+        else:  # past it: what it holds and will add
+            assert fresh.cost > held * MiB, (at, held, fresh.cost // MiB)

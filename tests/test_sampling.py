@@ -109,8 +109,8 @@ def test_cgroup_v1_limit_usage_and_working_set(tmp_path):
 def test_mapped_file_pages_are_reclaimable(tmp_path):
     """The benchmark's workers job at batch 138 in a 2 GiB group v1 (c458298): its memory.stat
     read 21 MiB of active file pages, 189 inactive and 52 mapped, 5 s in. Reaching its limit, the
-    kernel took its file pages to about 10 MiB, the mapped ones to 5-8, and the job ran on at the
-    same speed: all 210 are reclaimable, not the 158 nobody maps."""
+    kernel took its file pages to about 10 MiB, the mapped ones to 5-8, and the job finished: all
+    210 are reclaimable, not the 158 nobody maps."""
     root, MiB = str(tmp_path), 2 ** 20
     d = mount_cgroup(root, 1, "4:memory:/memd-bench\n") + "memd-bench/"
     write(root, d + "memory.usage_in_bytes", "%d\n" % (1369 * MiB))

@@ -8,8 +8,9 @@ cache the kernel takes back before it kills anything in the group: a budget coun
 That is every page on the file LRU lists, mapped or not: a clean file page can always be dropped
 and read again, and the OOM killer acts only when reclaim makes no progress (the benchmark's
 workers job at the batch that just fits had its group's file pages taken from 210 MiB to about
-10, the mapped ones from 52 to 5, and its steps took as long as before). What the running code
-keeps mapped is covered by the budget's margin.
+10, the mapped ones from 52 to 5, and finished; another run there, the cores shared, stalled at
+the limit with 3 MiB of file pages left). What the running code keeps mapped is what the budget's
+margin leaves.
 """
 from __future__ import annotations
 

@@ -198,7 +198,9 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
                      throttle=level == "critical",
                      fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4)
     predicted = curve.peak(batch) if curve is not None else None
-    cut_on = workers.read if as_they_are is not None and current is not None and batch < current else state.cut_on
+    cut_on = state.cut_on
+    if workers is not None and as_they_are is not None and current is not None and batch < current:
+        cut_on = workers.read
     new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap, cut_on=cut_on)
     return Decision(plan, new_state, budget, predicted, at_ceiling)
 

@@ -90,8 +90,9 @@ ROWS = {r.name: r for r in (
     Row("cnn-2g", "cnn", 2 * GiB, 32),
     Row("embed-8g", "embed", 8 * GiB, 256),
     Row("workers-2g", "workers", 2 * GiB, 32, workers=4, min_steps=200),  # each worker copies the dataset it reads
-    # Seed 004's num_workers: 2. Beside four copies the batch's own memory is 7 % of the 2 GiB (5 %
-    # of the feasible batch is 7 MiB, within the pool's 20 MiB margin); beside two, about a third.
+    # Seed 004's num_workers: 2. Beside four copies the batch's own memory is under a tenth of the
+    # 2 GiB (5 % of the feasible batch is 7 MiB, within the pool's 20 MiB margin); beside two,
+    # about a third (docs/results.md, the workers rows).
     Row("two-workers-2g", "workers", 2 * GiB, 32, workers=2, min_steps=300),
 )}
 

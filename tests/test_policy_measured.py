@@ -870,3 +870,68 @@ def test_fresh_workers_below_the_level_cost_the_level_not_their_rate():
             assert fresh.cost == levelled.cost, (at, held, fresh.cost // MiB)
         else:  # past it: what it holds and will add
             assert fresh.cost > held * MiB, (at, held, fresh.cost // MiB)
+
+
+# Two workers at batch 600 in a 2 GiB group (bench/composition.py at dbb026b, a quiet machine):
+# the trainer's RSS 989 MiB with one batch mapped (18 MiB of shared memory), each worker's own
+# 337-338 MiB, the group's usage 1771 MiB of which 62 file pages. The group's shared memory
+# read 75, 57 or 19 MiB more than the trainer maps: the batches on their way from the workers,
+# 19 MiB each, in no process's memory.
+QUEUE_READ = dict(usage=1771, reclaimable=62, trainer=989, workers=(337, 338))
+
+
+def test_the_batches_on_their_way_from_the_workers_are_counted_once():
+    """Counted in use (they are) and again as each worker's prefetch_factor batches, a loader
+    that says its batch's size was budgeted 57 MiB below what is there; beside a loader that
+    does not, each worker costs its share of the queue at its fullest (75 MiB within the
+    horizon), not as it happened to be read (57 here, 19 at times). More shared memory than the
+    workers' slots hold (a dataset copied to /dev/shm) is something else's: in use, as before."""
+    from memd.policy.budget import Pool
+
+    r = QUEUE_READ
+    curve = fit([Observation(501, 1239 * MiB), Observation(501, 1240 * MiB), Observation(636, 1372 * MiB),
+                 Observation(636, 1371 * MiB)], kills=True)  # the two-workers row's report run, 2 x 2 steps
+
+    def budget(queued, high, batch_bytes):
+        usage = r["usage"] - 57 + queued  # read with 57 MiB queued
+        pool = Pool("host", "cpu", 2 * GiB, (2048 - usage + r["reclaimable"]) * MiB, r["trainer"] * MiB, 20 * MiB)
+        facts = WorkerFacts(cpus=2, uss=tuple(u * MiB for u in r["workers"]), cost=338 * MiB, running=2, newest=2,
+                            batch_bytes=batch_bytes, queued=queued * MiB, queued_high=high * MiB)
+        return decide(curve, pool, Limits(num_workers=2), ControlState(batch=600), "ok", CFG, workers=facts,
+                      latest_batch=600, latest_peak=1277 * MiB).budget_bytes // MiB
+
+    alone = 2048 - r["usage"] + r["reclaimable"] + r["trainer"] - 20  # the pool's budget, queue and workers in use
+    batch_bytes = 600 * 2 * 64 * 64 * 4  # one batch of the row's 2 x 64 x 64 float32 images
+    # (- 1: each worker costs 338 MiB, the most one reached; one holds 337)
+    assert budget(57, 75, batch_bytes) == alone + 57 - 75 - 1  # the slots once: 4 batches of 18.75 MiB
+    assert budget(57, 75, None) == alone + 57 - 75 - 1  # the queue at its fullest, 16 MiB below the read
+    assert budget(19, 75, None) == budget(57, 75, None)  # however full the read caught it
+    assert budget(1081, 1099, batch_bytes) == alone - 1024 - 75 - 1  # 1 GiB of /dev/shm more is in use: no credit
+
+
+def test_the_room_beside_workers_counts_the_batches_on_their_way():
+    """Two reads a second apart, the queue at 19 MiB then at 75: the group's usage 56 MiB apart
+    with nothing else changed. The room took the larger free of the two (steadied), and read
+    56 MiB high on the second; the queue is the workers' now, and free is that of the read."""
+    from memd.planner import steadied
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    r = QUEUE_READ
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=2), created=0.0, last_seen=0.0)
+
+    def free(at, queued):
+        procs = (ProcessMemory(7, 1, "trainer", r["trainer"] * MiB, None, None, shmem_bytes=18 * MiB),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 626 * MiB, None, w * MiB, shmem_bytes=0)
+            for i, w in enumerate(r["workers"]))
+        usage = r["usage"] - 57 + queued
+        cg = Cgroup(1, "/memd-bench", 2 * GiB, usage * MiB, working_set_bytes=usage * MiB,
+                    reclaimable_bytes=r["reclaimable"] * MiB, shmem_bytes=(18 + queued) * MiB)
+        job = JobMemory(pid=7, processes=procs, cgroup=cg, errors=(), monotonic=at,
+                        trainer_rss_bytes=r["trainer"] * MiB)
+        assert job.unmapped_shmem_bytes == queued * MiB
+        return steadied(host_pool(host(), job, CFG), session, job).free_bytes // MiB
+
+    assert free(1.0, 19) == 2048 - (r["usage"] - 57 + 19 - r["reclaimable"])
+    assert free(2.0, 75) == 2048 - (r["usage"] - 57 + 75 - r["reclaimable"])  # 56 MiB less: the queue took it

@@ -118,6 +118,43 @@ def test_mapped_file_pages_are_reclaimable(tmp_path):
           "total_active_file %d\ntotal_inactive_file %d\ntotal_mapped_file %d\n" % (
               2048 * MiB, 250 * MiB, 1110 * MiB, 38 * MiB, 21 * MiB, 189 * MiB, 52 * MiB))
     assert cgroup.read_cgroup(proc_root=root + "/proc").reclaimable_bytes == 210 * MiB
+    assert cgroup.read_cgroup(proc_root=root + "/proc").shmem_bytes == 38 * MiB  # v1's own, no total_ line
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK),
+                    reason="needs a writable cgroup v1 memory controller (root)")
+def test_shared_memory_no_process_maps_is_told_from_the_mapped(tmp_path):
+    """A real process in a real cgroup holds what a DataLoader queue does: a batch written to
+    shared memory and let go of (a memfd it keeps open, mapped by nobody), beside one it maps.
+    The group holds both; the job's unmapped shared memory is the first alone."""
+    from bench import memcg
+
+    holder = (
+        "import mmap, os, sys, time\n"
+        "def shm(name, mib):\n"
+        "    fd = os.memfd_create(name)\n"
+        "    os.ftruncate(fd, mib << 20)\n"
+        "    m = mmap.mmap(fd, mib << 20)\n"
+        "    m.write(b'x' * (mib << 20))\n"
+        "    return fd, m\n"
+        "queued, m = shm('queued', 32)\n"
+        "m.close()\n"
+        "mapped, kept = shm('mapped', 16)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n")
+    MiB = 2 ** 20
+    with memcg.MemoryCgroup(512 * MiB) as cg:
+        proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True,
+                                preexec_fn=cg.join)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            job = Sampler().job(proc.pid)
+            assert job.cgroup is not None and job.cgroup.shmem_bytes >= 48 * MiB
+            assert 16 * MiB <= job.processes[0].shmem_bytes < 17 * MiB
+            assert 32 * MiB <= job.unmapped_shmem_bytes < 34 * MiB
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def test_cgroup_v1_unlimited_is_none(tmp_path):
@@ -138,13 +175,13 @@ def test_cgroup_v2_parent_limit_binds_and_events_pressure(tmp_path):
     write(root, base + "kubepods/pod1/ctr/memory.high", "900000000\n")
     write(root, base + "kubepods/pod1/ctr/memory.current", "700000000\n")
     write(root, base + "kubepods/pod1/ctr/memory.stat", "anon 500000000\ninactive_file 150000000\n"
-          "active_file 30000000\nfile_mapped 20000000\n")
+          "active_file 30000000\nfile_mapped 20000000\nshmem 4000000\n")
     write(root, base + "kubepods/pod1/ctr/memory.events", "low 0\nhigh 4\nmax 9\noom 2\noom_kill 1\n")
     write(root, base + "kubepods/pod1/ctr/memory.pressure", PSI)
     cg = cgroup.read_cgroup(1234, proc_root=root + "/proc")
     assert (cg.version, cg.limit_bytes, cg.high_bytes) == (2, 1073741824, 900000000)
     assert (cg.usage_bytes, cg.working_set_bytes) == (700000000, 550000000)
-    assert cg.reclaimable_bytes == 150000000 + 30000000
+    assert cg.reclaimable_bytes == 150000000 + 30000000 and cg.shmem_bytes == 4000000
     assert (cg.oom_events, cg.oom_kill_events) == (2, 1)
     assert cg.pressure.some_avg10 == 0.125
 
@@ -243,8 +280,8 @@ def test_vanished_process_is_a_partial_answer_not_an_exception():
 def test_tree_of_fixture_proc(tmp_path):
     root = str(tmp_path)
     write(root, "10/stat", "10 (trainer) S 1 10 10 0 -1 0 0 0 0 0 0 0 0 0 20 0 3 0 500 0 0\n")
-    write(root, "10/smaps_rollup", "Rss: 3000 kB\nPss: 2000 kB\nPrivate_Clean: 100 kB\nPrivate_Dirty: 900 kB\n"
-                                   "Anonymous: 1200 kB\n")
+    write(root, "10/smaps_rollup", "Rss: 3000 kB\nPss: 2000 kB\nPss_Shmem: 300 kB\nPrivate_Clean: 100 kB\n"
+                                   "Private_Dirty: 900 kB\nAnonymous: 1200 kB\n")
     write(root, "10/task/10/children", "11 12")
     write(root, "10/task/13/children", "")
     write(root, "11/stat", "11 (pt_data_worker (0)) S 10 10 10 0 -1 0 0 0 0 0 %d %d 0 0 20 0 1 0 600 0 0\n" % (
@@ -260,6 +297,7 @@ def test_tree_of_fixture_proc(tmp_path):
     assert tree.processes[1].gpu_bytes == 5 * MB
     assert (tree.processes[0].anon_bytes, tree.processes[1].anon_bytes) == (1200 * 1024, None)
     assert (tree.processes[0].cpu_seconds, tree.processes[1].cpu_seconds) == (0.0, 3.5)
+    assert (tree.processes[0].shmem_bytes, tree.processes[1].shmem_bytes) == (300 * 1024, None)  # before 5.13: none
     assert tree.errors == (("procs", "process 12 vanished during the scan"),)
     assert procs.process_start_time(10, root) == 500
 
@@ -272,7 +310,7 @@ def test_memd_sample_pid_reports_the_tree_with_gpu_field():
         data = json.loads(run_memd(["sample", "--json", "--pid", str(parent.pid)]).stdout)
         assert len(data["processes"]) == 2
         assert set(data["processes"][0]) == {"pid", "ppid", "name", "rss_bytes", "pss_bytes", "uss_bytes", "gpu_bytes",
-                                               "anon_bytes", "cpu_seconds"}
+                                               "anon_bytes", "cpu_seconds", "shmem_bytes"}
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
         parent.wait()

@@ -99,11 +99,11 @@ def _read_process(pid: int, proc_root: str, detail: bool,
     """
     base = os.path.join(proc_root, str(pid))
     ppid, name, cpu = _stat(base)
-    rss = pss = uss = anon = None
+    rss = pss = uss = anon = shmem = None
     why = None
     if detail:
         try:
-            rss, pss, uss, anon = _smaps_rollup(base)
+            rss, pss, uss, anon, shmem = _smaps_rollup(base)
         except FileNotFoundError:
             why = NO_SMAPS_ROLLUP
         except PermissionError:
@@ -112,7 +112,8 @@ def _read_process(pid: int, proc_root: str, detail: bool,
         rss = _statm_rss(base)
     gpu = gpu_bytes.get(pid) if gpu_bytes else None
     return ProcessMemory(pid=pid, ppid=ppid, name=name, rss_bytes=rss, pss_bytes=pss, uss_bytes=uss,
-                         gpu_bytes=gpu, anon_bytes=anon, cpu_seconds=cpu), why
+                         gpu_bytes=gpu, anon_bytes=anon, cpu_seconds=cpu,
+                         shmem_bytes=shmem), why
 
 
 def children(pid: int, proc_root: str = "/proc") -> List[int]:
@@ -176,7 +177,7 @@ def _stat(base: str) -> Tuple[int, str, Optional[float]]:
     return stat.ppid, stat.name, stat.cpu_ticks / CLOCK_TICKS if stat.cpu_ticks is not None else None
 
 
-def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int], Optional[int]]:
+def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int], Optional[int], Optional[int]]:
     values: Dict[str, int] = {}
     with open(os.path.join(base, "smaps_rollup")) as f:
         for line in f:
@@ -185,9 +186,9 @@ def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int
             if len(parts) == 2 and parts[1] == "kB":
                 values[key] = int(parts[0]) * 1024
     if "Rss" not in values:
-        return None, None, None, None  # a kernel thread, or an exited process with no mappings
+        return None, None, None, None, None  # a kernel thread, or an exited process with no mappings
     uss = values.get("Private_Clean", 0) + values.get("Private_Dirty", 0) + values.get("Private_Hugetlb", 0)
-    return values["Rss"], values.get("Pss"), uss, values.get("Anonymous")
+    return values["Rss"], values.get("Pss"), uss, values.get("Anonymous"), values.get("Pss_Shmem")
 
 
 def read_cpus_allowed(pid: int, proc_root: str = "/proc") -> Optional[int]:

@@ -44,6 +44,7 @@ class Cgroup:
     high_bytes: Optional[int] = None  # v2 memory.high; None when unlimited or v1
     working_set_bytes: Optional[int] = None  # usage minus inactive file pages, as cAdvisor
     reclaimable_bytes: Optional[int] = None  # page cache the kernel reclaims before any kill (cgroup.py)
+    shmem_bytes: Optional[int] = None  # shared memory (tmpfs, /dev/shm, memfd) charged to the group
     oom_events: Optional[int] = None  # times the limit was hit and reclaim failed
     oom_kill_events: Optional[int] = None
     pressure: Optional[Pressure] = None  # v2 memory.pressure
@@ -105,6 +106,9 @@ class ProcessMemory:
     # CPU seconds it has used (user + system): a worker copies a dataset as it works, so its
     # growth is followed against its work, and a paused worker is not taken for a levelled one.
     cpu_seconds: Optional[float] = None
+    # Shared memory (tmpfs, /dev/shm, memfd) it maps, split among its sharers (Pss_Shmem, kernels
+    # 5.13 on): summed over a tree, what the tree maps of its group's shared memory.
+    shmem_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,19 @@ class JobMemory:
         """What each descendant alone holds (USS, else RSS): the cost of one more worker."""
         return [p.uss_bytes if p.uss_bytes is not None else (p.rss_bytes or 0)
                 for p in self.processes if p.pid != self.pid]
+
+    @property
+    def unmapped_shmem_bytes(self) -> Optional[int]:
+        """Shared memory charged to the job's cgroup that none of its processes maps: a
+        DataLoader's batches on their way from a worker to the trainer (a worker collates into
+        shared memory and lets go of it when it sends it), in no process's resident set, yet in
+        the group's usage. None when the group's or a process's share is not known."""
+        if self.cgroup is None or self.cgroup.shmem_bytes is None or not self.processes:
+            return None
+        mapped = [p.shmem_bytes for p in self.processes]
+        if any(m is None for m in mapped):
+            return None
+        return max(0, self.cgroup.shmem_bytes - sum(m for m in mapped if m is not None))
 
 
 def as_json(snapshot: Snapshot) -> Dict[str, Any]:

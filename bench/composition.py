@@ -8,12 +8,20 @@ pages (/proc/PID/smaps_rollup) and the group's memory.stat (v1: cache, rss, shme
 active_file, inactive_file) with its usage, in MiB; the job's own step events go to FILE.steps.
 It shows what the kernel takes back before it kills: near the limit the group's file pages and the
 trainer's library pages shrink while the job runs on (docs/results.md, the workers row).
+
+    .venv/bin/python bench/composition.py --summarize FILE...
+
+prints, for runs already logged, the median seconds a step took past the first 20 steps (where the
+workers have copied most of what they will), samples a second at that median, and the group's file
+pages (min and median over the last two thirds of the reads): a batch that runs only by evicting
+the pages its job maps is slow, not killed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -57,13 +65,38 @@ def group(path: str) -> dict:
     return out
 
 
+def summarize(path: str) -> str:
+    steps_path = path + ".steps"
+    if not os.path.exists(steps_path) and path.endswith(".jsonl"):
+        steps_path = path[:-len(".jsonl")] + ".steps.jsonl"  # as kept in docs/results/real/composition
+    with open(steps_path) as f:
+        steps = [e for e in map(json.loads, f) if e.get("e") == "step"]
+    with open(path) as f:
+        reads = [r for r in map(json.loads, f) if r.get("group") and r.get("workers")]
+    reads = reads[len(reads) // 3:]
+    late = [e["dt"] for e in steps[20:]] or [e["dt"] for e in steps]
+    median = statistics.median(late)
+    files = [r["group"]["active_file"] + r["group"]["inactive_file"] for r in reads]
+    return "%s: batch %d, %d steps, %.2f s a step (median past step 20), %.0f samples/s; file pages %d-%d MiB " \
+        "(min, median); group usage up to %d MiB" % (
+            os.path.basename(path), steps[0]["batch"], len(steps), median, steps[0]["batch"] / median,
+            min(files), statistics.median(files), max(r["group"]["usage"] for r in reads))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row", default="workers-2g", choices=sorted(realjobs.ROWS))
-    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--batch", type=int)
     parser.add_argument("--steps", type=int, default=180)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("--summarize", nargs="+", metavar="FILE", help="summarize runs logged before")
     args = parser.parse_args()
+    if args.summarize:
+        for path in args.summarize:
+            print(summarize(path))
+        return
+    if args.batch is None or args.out is None:
+        parser.error("--batch and --out are needed to run a job")
     row = realjobs.ROWS[args.row]
     cmd = [sys.executable, realjobs.JOB, "--shape", row.shape, "--workers", str(row.workers), "--method", "fixed",
            "--batch", str(args.batch), "--steps", str(args.steps), "--steady-heap"]

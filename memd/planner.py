@@ -203,9 +203,10 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
     if pool.name != budget.HOST or pool.own_bytes is None or job is None:
         return pool
     rooms = session.planner.rooms
-    # The batches on their way from its workers (shared memory no process maps) are theirs too:
-    # with two workers at batch 600 they came and went by 19 MiB at a time, 0-75 MiB, read to read.
-    workers = sum(b for b in job.worker_bytes if b > 0) + (job.unmapped_shmem_bytes or 0)
+    # The batches on their way from its workers (being collated, or queued where no process maps
+    # them) are theirs too: with two workers at batch 600 they came and went by 19 MiB at a time,
+    # 0-75 MiB, read to read.
+    workers = sum(b for b in job.worker_bytes if b > 0) + (job.in_flight_shmem_bytes or 0)
     if not rooms or rooms[-1][0] != job.monotonic:
         rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
     room = max(r + w for _, capacity, r, w in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's only
@@ -355,7 +356,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         seen = []
         for pid, proc in list(now.items())[:MAX_WORKERS]:
             rss = proc.rss_bytes or 0
-            held = proc.uss_bytes if proc.uss_bytes is not None else rss
+            held = proc.own_bytes
             reads = memo.worker_reads.setdefault(pid, collections.deque(maxlen=WORKER_READS))
             if len(reads) >= 2 and reads[-1][0] - reads[-2][0] < READ_GAP:
                 reads[-1] = (job.monotonic, proc.cpu_seconds, held)  # the latest, the older ones spaced
@@ -403,7 +404,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         memo.worker_evident = 0 if levelled else max(memo.worker_reached, evident)
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
-        memo.queued.append((job.monotonic, job.unmapped_shmem_bytes or 0))
+        memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0))
     since = job.monotonic - cfg.worker_horizon_seconds if job is not None else math.inf
     recent = [n for at, n in memo.worker_counts if at >= since]
     return WorkerFacts(cpus=cpus, uss=uss, cost=memo.worker_cost or None, batch_bytes=session.batch_bytes,

@@ -930,8 +930,42 @@ def test_the_room_beside_workers_counts_the_batches_on_their_way():
                     reclaimable_bytes=r["reclaimable"] * MiB, shmem_bytes=(18 + queued) * MiB)
         job = JobMemory(pid=7, processes=procs, cgroup=cg, errors=(), monotonic=at,
                         trainer_rss_bytes=r["trainer"] * MiB)
-        assert job.unmapped_shmem_bytes == queued * MiB
+        assert job.in_flight_shmem_bytes == queued * MiB
         return steadied(host_pool(host(), job, CFG), session, job).free_bytes // MiB
 
     assert free(1.0, 19) == 2048 - (r["usage"] - 57 + 19 - r["reclaimable"])
     assert free(2.0, 75) == 2048 - (r["usage"] - 57 + 75 - r["reclaimable"])  # 56 MiB less: the queue took it
+
+
+def test_a_worker_collating_a_batch_costs_its_own_memory_not_the_batch():
+    """Two workers at batch 600 (bench/composition.py, docs/results/real/composition): 337 and
+    338 MiB of their own in 625 reads; in two, one of them was collating a batch into shared
+    memory only it mapped, and held 356 MiB (18 of them the batch). A worker's cost is the most
+    one reached, so that one read raised both workers' cost by 18 MiB for the rest of the run,
+    and left the batch 36 MiB less, where that batch was counted with those on their way
+    already: the trainer mapped 18 of the group's 93 MiB of shared memory, the collating worker
+    18, and 57 no one mapped: 75 MiB of batches on their way."""
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=2), created=0.0, last_seen=0.0)
+
+    def read(at, cpu, workers):
+        procs = (ProcessMemory(7, 1, "trainer", 1330 * MiB, None, None, shmem_bytes=18 * MiB,
+                               private_shmem_bytes=0),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 630 * MiB, None, uss * MiB, anon_bytes=614 * MiB,
+                          cpu_seconds=cpu, shmem_bytes=shm * MiB, private_shmem_bytes=shm * MiB)
+            for i, (uss, shm) in enumerate(workers))
+        cg = Cgroup(1, "/memd-bench", 2 * GiB, 2000 * MiB, shmem_bytes=93 * MiB)
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=cg, errors=(), monotonic=at), CFG)
+
+    for i in range(12):  # levelled: working, not growing
+        read(2.5 * i, 0.5 * i, [(337, 0), (338, 0)])
+    settled = read(30.0, 6.0, [(337, 0), (338, 0)])
+    collating = read(32.5, 6.5, [(356, 18), (338, 0)])
+    assert settled.cost == collating.cost == 338 * MiB
+    assert collating.uss == (338 * MiB, 338 * MiB)
+    # 75 MiB on their way in both reads: four queued, or three and the one being collated.
+    assert (settled.queued, collating.queued) == (75 * MiB, 75 * MiB) and collating.queued_high == 75 * MiB

@@ -65,8 +65,8 @@ class WorkerFacts:
     running: Optional[int] = None
     newest: Optional[int] = None  # the count in the latest read: workers still being started show there first
     read: Optional[float] = None  # when the workers were read (a cut on what they will add waits for the next read)
-    # Shared memory in the job's group that no process maps: the batches on their way from the
-    # workers to the trainer, now and at the most within the horizon (_queue).
+    # The batches on their way from the workers to the trainer (shared memory a worker collating
+    # alone maps, or no process maps), now and at the most within the horizon (_queue).
     queued: int = 0
     queued_high: int = 0
 

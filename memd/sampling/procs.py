@@ -99,11 +99,12 @@ def _read_process(pid: int, proc_root: str, detail: bool,
     """
     base = os.path.join(proc_root, str(pid))
     ppid, name, cpu = _stat(base)
-    rss = pss = uss = anon = shmem = None
+    rss = pss = uss = anon = shmem = private_shmem = None
     why = None
     if detail:
         try:
             rss, pss, uss, anon, shmem = _smaps_rollup(base)
+            private_shmem = _private_shmem(base, shmem, uss)
         except FileNotFoundError:
             why = NO_SMAPS_ROLLUP
         except PermissionError:
@@ -113,7 +114,7 @@ def _read_process(pid: int, proc_root: str, detail: bool,
     gpu = gpu_bytes.get(pid) if gpu_bytes else None
     return ProcessMemory(pid=pid, ppid=ppid, name=name, rss_bytes=rss, pss_bytes=pss, uss_bytes=uss,
                          gpu_bytes=gpu, anon_bytes=anon, cpu_seconds=cpu,
-                         shmem_bytes=shmem), why
+                         shmem_bytes=shmem, private_shmem_bytes=private_shmem), why
 
 
 def children(pid: int, proc_root: str = "/proc") -> List[int]:
@@ -189,6 +190,27 @@ def _smaps_rollup(base: str) -> Tuple[Optional[int], Optional[int], Optional[int
         return None, None, None, None, None  # a kernel thread, or an exited process with no mappings
     uss = values.get("Private_Clean", 0) + values.get("Private_Dirty", 0) + values.get("Private_Hugetlb", 0)
     return values["Rss"], values.get("Pss"), uss, values.get("Anonymous"), values.get("Pss_Shmem")
+
+
+def _private_shmem(base: str, pss_shmem: Optional[int], uss: Optional[int]) -> Optional[int]:
+    """Shared memory only this process maps, at least: smaps_rollup splits shared memory by
+    sharers (Pss_Shmem) but does not say how much of it is private, and status counts it whole
+    (RssShmem). A page only it maps counts whole in both, one it shares at most half in the
+    first, so at least 2 Pss_Shmem - RssShmem of it is its own: all of a batch a DataLoader
+    worker collates into a fresh segment, none of a dataset it shares with the trainer.
+    Read only when it maps any, as most processes map none most of the time."""
+    if pss_shmem is None or uss is None:
+        return None
+    if pss_shmem == 0:
+        return 0
+    try:
+        with open(os.path.join(base, "status")) as f:
+            for line in f:
+                if line.startswith("RssShmem:"):
+                    return max(0, min(uss, 2 * pss_shmem - int(line.split()[1]) * 1024))
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def read_cpus_allowed(pid: int, proc_root: str = "/proc") -> Optional[int]:

@@ -109,6 +109,16 @@ class ProcessMemory:
     # Shared memory (tmpfs, /dev/shm, memfd) it maps, split among its sharers (Pss_Shmem, kernels
     # 5.13 on): summed over a tree, what the tree maps of its group's shared memory.
     shmem_bytes: Optional[int] = None
+    # The part of it no other process maps (at least; procs._private_shmem), counted in its USS:
+    # a DataLoader worker's batch while it collates it, the loader's then, not the worker's.
+    private_shmem_bytes: Optional[int] = None
+
+    @property
+    def own_bytes(self) -> int:
+        """What it alone holds (USS, else RSS) less the shared memory it alone maps: as a worker,
+        its own cost, without the batch it happens to be collating (JobMemory.in_flight_shmem_bytes)."""
+        held = self.uss_bytes if self.uss_bytes is not None else (self.rss_bytes or 0)
+        return held - (self.private_shmem_bytes or 0)
 
 
 @dataclass(frozen=True)
@@ -147,22 +157,23 @@ class JobMemory:
 
     @property
     def worker_bytes(self) -> List[int]:
-        """What each descendant alone holds (USS, else RSS): the cost of one more worker."""
-        return [p.uss_bytes if p.uss_bytes is not None else (p.rss_bytes or 0)
-                for p in self.processes if p.pid != self.pid]
+        """What each descendant alone holds (ProcessMemory.own_bytes): the cost of one more worker."""
+        return [p.own_bytes for p in self.processes if p.pid != self.pid]
 
     @property
-    def unmapped_shmem_bytes(self) -> Optional[int]:
-        """Shared memory charged to the job's cgroup that none of its processes maps: a
-        DataLoader's batches on their way from a worker to the trainer (a worker collates into
-        shared memory and lets go of it when it sends it), in no process's resident set, yet in
-        the group's usage. None when the group's or a process's share is not known."""
+    def in_flight_shmem_bytes(self) -> Optional[int]:
+        """A DataLoader's batches on their way from its workers to the trainer: a worker collates
+        each into shared memory it alone maps, and lets go of it when it sends it; until the trainer
+        maps it, it is in no process's resident set, yet in the group's usage. So: the shared memory
+        charged to the job's cgroup that none of its processes maps, and what its workers alone map.
+        None when the group's or a process's share is not known."""
         if self.cgroup is None or self.cgroup.shmem_bytes is None or not self.processes:
             return None
         mapped = [p.shmem_bytes for p in self.processes]
         if any(m is None for m in mapped):
             return None
-        return max(0, self.cgroup.shmem_bytes - sum(m for m in mapped if m is not None))
+        unmapped = max(0, self.cgroup.shmem_bytes - sum(m for m in mapped if m is not None))
+        return unmapped + sum(p.private_shmem_bytes or 0 for p in self.processes if p.pid != self.pid)
 
 
 def as_json(snapshot: Snapshot) -> Dict[str, Any]:

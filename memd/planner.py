@@ -396,7 +396,14 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             ahead += soon
         if level is not None:
             memo.worker_inherited = 0
-        memo.worker_cost = max(memo.worker_reached, projected, memo.worker_inherited)
+        # A projection is a line drawn through a worker's latest reads, and a read that caught it
+        # collating (its batch's samples in its heap) drew one steep enough to cut for a plan: two
+        # workers' cost read 0.36-0.39 GiB each for one plan, 0.32 before and after, and each such
+        # cut rebuilt the benchmark's loader. As the room takes a drop (steadied), the cost takes a
+        # projection when two reads in a row show it; what a worker reached counts at once.
+        lasting = projected if memo.worker_projected_last is None else min(projected, memo.worker_projected_last)
+        memo.worker_projected_last = projected
+        memo.worker_cost = max(memo.worker_reached, lasting, memo.worker_inherited)
         # Read off a course, a level is still a projection (it erred 3-8 % high on the recorded
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.

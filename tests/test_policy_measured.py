@@ -969,3 +969,36 @@ def test_a_worker_collating_a_batch_costs_its_own_memory_not_the_batch():
     assert collating.uss == (338 * MiB, 338 * MiB)
     # 75 MiB on their way in both reads: four queued, or three and the one being collated.
     assert (settled.queued, collating.queued) == (75 * MiB, 75 * MiB) and collating.queued_high == 75 * MiB
+
+
+def test_one_read_that_caught_a_worker_collating_does_not_cut():
+    """Two workers at batch 600, levelled at 338 MiB. A worker collating a batch holds its samples
+    in its heap for a moment (bench/composition.py: 344-348 MiB between reads at 336-338), and a
+    line drawn through its reads to that one raised both workers' cost for a plan: 0.36-0.39 GiB
+    each in the plan reasons of the benchmark's runs, 0.32 before and after, and each such plan cut
+    the batch and rebuilt the loop's loader. What a worker reached counts at once; what a line
+    says it will reach, once two reads in a row say so."""
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=2), created=0.0, last_seen=0.0)
+
+    def read(at, cpu, workers):
+        procs = (ProcessMemory(7, 1, "trainer", 1330 * MiB, None, None),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 630 * MiB, None, uss * MiB, anon_bytes=614 * MiB,
+                          cpu_seconds=cpu) for i, uss in enumerate(workers))
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+
+    at = cpu = 0.0
+    for _ in range(12):  # levelled: working, not growing
+        at, cpu = at + 2.0, cpu + 0.5
+        settled = read(at, cpu, [337, 338])
+    assert settled.cost == 338 * MiB
+    caught = read(at + 2.0, cpu + 0.5, [348, 338])
+    after = read(at + 4.0, cpu + 1.0, [337, 338])
+    assert caught.cost == after.cost == 348 * MiB  # reached, not 348 plus 10 s of a line through it
+    # Growth that lasts counts from the second read that shows it.
+    grows = [read(at + 4.0 + 2 * i, cpu + 1.0 + 0.5 * i, [337 + 10 * i, 338]).cost for i in range(1, 4)]
+    assert grows[0] < grows[1] < grows[2] and grows[2] > (337 + 30) * MiB

@@ -945,22 +945,7 @@ def test_a_worker_collating_a_batch_costs_its_own_memory_not_the_batch():
     and left the batch 36 MiB less, where that batch was counted with those on their way
     already: the trainer mapped 18 of the group's 93 MiB of shared memory, the collating worker
     18, and 57 no one mapped: 75 MiB of batches on their way."""
-    from memd.planner import worker_facts
-    from memd.sampling.snapshot import ProcessMemory
-    from memd.sessions import SessionRecord
-
-    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
-                            limits=Limits(num_workers=2), created=0.0, last_seen=0.0)
-
-    def read(at, cpu, workers):
-        procs = (ProcessMemory(7, 1, "trainer", 1330 * MiB, None, None, shmem_bytes=18 * MiB,
-                               private_shmem_bytes=0),) + tuple(
-            ProcessMemory(8 + i, 7, "pt_data_worker", 630 * MiB, None, uss * MiB, anon_bytes=614 * MiB,
-                          cpu_seconds=cpu, shmem_bytes=shm * MiB, private_shmem_bytes=shm * MiB)
-            for i, (uss, shm) in enumerate(workers))
-        cg = Cgroup(1, "/memd-bench", 2 * GiB, 2000 * MiB, shmem_bytes=93 * MiB)
-        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=cg, errors=(), monotonic=at), CFG)
-
+    read = two_workers_at_600(group_shmem=93)
     for i in range(12):  # levelled: working, not growing
         read(2.5 * i, 0.5 * i, [(337, 0), (338, 0)])
     settled = read(30.0, 6.0, [(337, 0), (338, 0)])
@@ -978,27 +963,37 @@ def test_one_read_that_caught_a_worker_collating_does_not_cut():
     each in the plan reasons of the benchmark's runs, 0.32 before and after, and each such plan cut
     the batch and rebuilt the loop's loader. What a worker reached counts at once; what a line
     says it will reach, once two reads in a row say so."""
+    read = two_workers_at_600()
+    at = cpu = 0.0
+    for _ in range(12):  # levelled: working, not growing
+        at, cpu = at + 2.0, cpu + 0.5
+        settled = read(at, cpu, [(337, 0), (338, 0)])
+    assert settled.cost == 338 * MiB
+    caught = read(at + 2.0, cpu + 0.5, [(348, 0), (338, 0)])
+    after = read(at + 4.0, cpu + 1.0, [(337, 0), (338, 0)])
+    assert caught.cost == after.cost == 348 * MiB  # reached, not 348 plus 10 s of a line through it
+    # Growth that lasts counts from the second read that shows it.
+    grows = [read(at + 4.0 + 2 * i, cpu + 1.0 + 0.5 * i, [(337 + 10 * i, 0), (338, 0)]).cost for i in range(1, 4)]
+    assert grows[0] < grows[1] < grows[2] and grows[2] > (337 + 30) * MiB
+
+
+def two_workers_at_600(group_shmem=None):
+    """read(at, cpu, [(USS, shared memory it alone maps), ...] in MiB) -> the planner's WorkerFacts
+    for one session, as it reads the two-workers row at batch 600 (bench/composition.py): the
+    trainer at 1330 MiB mapping its batch (18 MiB), each worker mapping 614 MiB anonymous."""
     from memd.planner import worker_facts
     from memd.sampling.snapshot import ProcessMemory
     from memd.sessions import SessionRecord
 
     session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
                             limits=Limits(num_workers=2), created=0.0, last_seen=0.0)
+    cg = Cgroup(1, "/memd-bench", 2 * GiB, 2000 * MiB, shmem_bytes=group_shmem * MiB) if group_shmem else None
 
     def read(at, cpu, workers):
-        procs = (ProcessMemory(7, 1, "trainer", 1330 * MiB, None, None),) + tuple(
+        procs = (ProcessMemory(7, 1, "trainer", 1330 * MiB, None, None, shmem_bytes=18 * MiB,
+                               private_shmem_bytes=0),) + tuple(
             ProcessMemory(8 + i, 7, "pt_data_worker", 630 * MiB, None, uss * MiB, anon_bytes=614 * MiB,
-                          cpu_seconds=cpu) for i, uss in enumerate(workers))
-        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
-
-    at = cpu = 0.0
-    for _ in range(12):  # levelled: working, not growing
-        at, cpu = at + 2.0, cpu + 0.5
-        settled = read(at, cpu, [337, 338])
-    assert settled.cost == 338 * MiB
-    caught = read(at + 2.0, cpu + 0.5, [348, 338])
-    after = read(at + 4.0, cpu + 1.0, [337, 338])
-    assert caught.cost == after.cost == 348 * MiB  # reached, not 348 plus 10 s of a line through it
-    # Growth that lasts counts from the second read that shows it.
-    grows = [read(at + 4.0 + 2 * i, cpu + 1.0 + 0.5 * i, [337 + 10 * i, 338]).cost for i in range(1, 4)]
-    assert grows[0] < grows[1] < grows[2] and grows[2] > (337 + 30) * MiB
+                          cpu_seconds=cpu, shmem_bytes=shm * MiB, private_shmem_bytes=shm * MiB)
+            for i, (uss, shm) in enumerate(workers))
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=cg, errors=(), monotonic=at), CFG)
+    return read

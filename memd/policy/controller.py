@@ -132,12 +132,8 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
-    if cap is not None and budget is not None and budget - grow_dip > cap[2] * (1 + cfg.min_gain):
-        # The pool grew (another job left): the batch that stopped fitting may fit now. Growth that
-        # lasts, as all growth beside workers (grow_dip): a loop's rebuilt loader reads high for
-        # a while (planner.room_dip), and its four-worker runs went 104 -> 100 -> 103 -> 99 -> 102
-        # on it, each change another rebuild.
-        cap = None
+    if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
+        cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
     if current is not None and budget is not None and curve is not None:
         outgrown = latest_batch == current and curve.kills
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current

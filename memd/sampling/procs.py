@@ -203,14 +203,8 @@ def _private_shmem(base: str, pss_shmem: Optional[int], uss: Optional[int]) -> O
         return None
     if pss_shmem == 0:
         return 0
-    try:
-        with open(os.path.join(base, "status")) as f:
-            for line in f:
-                if line.startswith("RssShmem:"):
-                    return max(0, min(uss, 2 * pss_shmem - int(line.split()[1]) * 1024))
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    whole = _status_bytes(base, "RssShmem:")
+    return None if whole is None else max(0, min(uss, 2 * pss_shmem - whole))
 
 
 def read_cpus_allowed(pid: int, proc_root: str = "/proc") -> Optional[int]:
@@ -260,10 +254,15 @@ def _reason(exc: BaseException) -> str:
 
 def read_peak_rss(pid: int, proc_root: str = "/proc") -> Optional[int]:
     """The process's peak resident set (VmHWM) since it started or since ``reset_peak_rss``."""
+    return _status_bytes(os.path.join(proc_root, str(pid)), "VmHWM:")
+
+
+def _status_bytes(base: str, key: str) -> Optional[int]:
+    """A kB line of /proc/PID/status, in bytes; None when it cannot be read or is not there."""
     try:
-        with open(os.path.join(proc_root, str(pid), "status")) as f:
+        with open(os.path.join(base, "status")) as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

@@ -29,40 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import realjobs  # noqa: E402
-
-STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
-GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
-
-
-def status(pid: int) -> dict:
-    out: dict = {}
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in STATUS:
-                    out[key] = int(value.split()[0]) // 1024
-        with open("/proc/%d/smaps_rollup" % pid) as f:
-            out["private"] = sum(int(line.split()[1]) for line in f
-                                 if line.startswith(("Private_Clean:", "Private_Dirty:"))) // 1024
-    except OSError:
-        pass  # it exited between the listing and the read
-    return out
-
-
-def group(path: str) -> dict:
-    out: dict = {}
-    try:
-        with open(os.path.join(path, "memory.stat")) as f:
-            for line in f:
-                key, value = line.split()
-                if key in GROUP:
-                    out[key] = int(value) >> 20
-        with open(os.path.join(path, "memory.usage_in_bytes")) as f:
-            out["usage"] = int(f.read()) >> 20
-    except OSError:
-        pass  # v2 names these otherwise: this reads v1 only
-    return out
+from bench.reads import read  # noqa: E402
 
 
 def summarize(path: str) -> str:
@@ -107,9 +74,7 @@ def main() -> None:
         started = time.monotonic()
         while proc.poll() is None:
             time.sleep(0.5)
-            kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-            log.write(json.dumps(dict(t=round(time.monotonic() - started, 1), trainer=status(proc.pid),
-                                      workers=[status(int(k)) for k in kids], group=group(cg.path))) + "\n")
+            log.write(json.dumps(read(proc.pid, cg.path, started)) + "\n")
             log.flush()
         print("exit %s, killed %s, group peak %d MiB" % (proc.returncode, cg.oom_kills() > 0, cg.peak_bytes() >> 20))
 

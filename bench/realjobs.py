@@ -45,6 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]
 
 from bench.memcg import MemoryCgroup, available  # noqa: E402
+from bench.reads import Reader  # noqa: E402
 
 GiB = 2 ** 30
 JOB = os.path.join(ROOT, "bench", "trainjob.py")
@@ -133,8 +134,9 @@ class Run:
 
 
 def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: List[str] = (),
-            timeout: float = 1800.0) -> Run:
-    """One process of bench/trainjob.py in a fresh cgroup of the row's size."""
+            timeout: float = 1800.0, reads: Optional[str] = None) -> Run:
+    """One process of bench/trainjob.py in a fresh cgroup of the row's size (``reads``: a file
+    for what the job's processes and group hold, read every half second: bench/reads.py)."""
     run = Run(method)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if endpoint:
@@ -145,12 +147,17 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
     with MemoryCgroup(row.limit_bytes) as cg, tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=cg.join,
                                 start_new_session=True)
+        reader = Reader(proc.pid, cg.path, open(reads, "w")) if reads else None
         try:
             run.exit_code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             run.exit_code = proc.wait()
             run.note = "timed out after %.0f s" % timeout
+        finally:
+            if reader is not None:
+                reader.stop()
+                reader.out.close()
         run.killed = cg.oom_kills() > 0
         run.cgroup_peak_bytes = cg.peak_bytes()
         out.seek(0)
@@ -315,7 +322,7 @@ class MemdDaemon:
 
 
 def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon: MemdDaemon, log,
-              known: Optional[int] = None, known_steady: Optional[int] = None) -> Dict:
+              known: Optional[int] = None, known_steady: Optional[int] = None, reads: Optional[str] = None) -> Dict:
     log("row %s: %s in a %.2f GiB cgroup" % (row.name, row.shape, row.limit_bytes / GiB))
     plain = feasible(row, probe_steps, log) if known is None else {"batch": known, "probes": [], "given": True}
     # memd's client holds glibc's heap steady (a lower, repeatable peak): the job it runs may fit
@@ -340,7 +347,8 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
             if batch is None:
                 continue
             extra += ["--batch", str(batch)]
-        run = run_job(row, method, max(steps, row.min_steps), daemon.endpoint, extra)
+        run = run_job(row, method, max(steps, row.min_steps), daemon.endpoint, extra,
+                      reads=os.path.join(reads, "%s-%s.jsonl" % (row.name, method)) if reads else None)
         runs.append(run)
         log("  %-20s %s" % (method, summary_line(run, found["batch"])))
     result = {"row": asdict(row), "feasible": found, "runs": [dict(asdict(r), final_batch=r.final_batch(),
@@ -452,6 +460,8 @@ def main(argv=None) -> int:
                         help="run nothing: rewrite DIR/table.md and the plots from DIR/results.json")
     parser.add_argument("--feasible", default="", metavar="ROW=N,...",
                         help="skip probing for these rows (development only: the published table probes)")
+    parser.add_argument("--log-reads", action="store_true",
+                        help="write what each method's job holds, read every half second, to DIR/reads/ROW-METHOD.jsonl")
     parser.add_argument("--feasible-steady", default="", metavar="ROW=N,...",
                         help="the same, for the job with the heap held steady as memd's client holds it")
     args = parser.parse_args(argv)
@@ -486,6 +496,9 @@ def main(argv=None) -> int:
             "probe_repeats": PROBE_REPEATS,
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                      text=True).stdout.strip() or None}
+    reads = os.path.join(args.out, "reads") if args.log_reads else None
+    if reads:
+        os.makedirs(reads, exist_ok=True)
     daemon = MemdDaemon()
     results, metas = [], {}
     if args.update and os.path.exists(path):
@@ -495,7 +508,7 @@ def main(argv=None) -> int:
     try:
         for row in rows:
             result = bench_row(row, methods, args.steps, args.probe_steps, daemon, log, known.get(row.name),
-                               known_steady.get(row.name))
+                               known_steady.get(row.name), reads)
             for run in result["runs"]:
                 run["commit"] = meta["commit"]
             before = next((r for r in results if r["row"]["name"] == row.name), None)

@@ -1,0 +1,76 @@
+"""What a running job holds, read every half second: its trainer, each of its workers, its group.
+
+One JSON line per read, in MiB: the trainer's VmHWM, VmRSS, RssAnon, RssFile and RssShmem
+(/proc/PID/status), each child's private pages (/proc/PID/smaps_rollup) and RssShmem, the group's
+memory.stat (v1: cache, rss, shmem, mapped_file, active_file, inactive_file) with its usage. Read
+by the benchmark itself, beside the job: nothing here comes from memd. Used by bench/composition.py
+(a job at a fixed batch) and bench/realjobs.py --log-reads (memd's runs).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from typing import IO
+
+STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
+GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
+
+
+def status(pid: int) -> dict:
+    out: dict = {}
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in STATUS:
+                    out[key] = int(value.split()[0]) // 1024
+        with open("/proc/%d/smaps_rollup" % pid) as f:
+            out["private"] = sum(int(line.split()[1]) for line in f
+                                 if line.startswith(("Private_Clean:", "Private_Dirty:"))) // 1024
+    except OSError:
+        pass  # it exited between the listing and the read
+    return out
+
+
+def group(path: str) -> dict:
+    out: dict = {}
+    try:
+        with open(os.path.join(path, "memory.stat")) as f:
+            for line in f:
+                key, value = line.split()
+                if key in GROUP:
+                    out[key] = int(value) >> 20
+        with open(os.path.join(path, "memory.usage_in_bytes")) as f:
+            out["usage"] = int(f.read()) >> 20
+    except OSError:
+        pass  # v2 names these otherwise: this reads v1 only
+    return out
+
+
+def read(pid: int, group_path: str, started: float) -> dict:
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return dict(t=round(time.monotonic() - started, 1), trainer=status(pid), workers=[status(int(k)) for k in kids],
+                group=group(group_path))
+
+
+class Reader:
+    """Reads a running job into ``out`` every ``every`` seconds, in a thread, until stopped."""
+
+    def __init__(self, pid: int, group_path: str, out: IO[str], every: float = 0.5):
+        self.pid, self.group_path, self.out, self.every = pid, group_path, out, every
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.wait(self.every):
+            self.out.write(json.dumps(read(self.pid, self.group_path, self.started)) + "\n")
+            self.out.flush()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)

@@ -1,10 +1,12 @@
 """What a running job holds, read every half second: its trainer, each of its workers, its group.
 
 One JSON line per read, in MiB: the trainer's VmHWM, VmRSS, RssAnon, RssFile and RssShmem
-(/proc/PID/status), each child's private pages (/proc/PID/smaps_rollup) and RssShmem, the group's
-memory.stat (v1: cache, rss, shmem, mapped_file, active_file, inactive_file) with its usage. Read
-by the benchmark itself, beside the job: nothing here comes from memd. Used by bench/composition.py
-(a job at a fixed batch) and bench/realjobs.py --log-reads (memd's runs).
+(/proc/PID/status), each child's private pages (/proc/PID/smaps_rollup), RssShmem and CPU seconds
+(/proc/PID/stat), the group's memory.stat (v1: cache, rss, shmem, mapped_file, active_file,
+inactive_file) with its usage. Read by the benchmark itself, beside the job. With an endpoint,
+each line also holds memd's view of the job at that moment (``memd``: its session's budget,
+predicted peak and plan, from `status`): what memd decided on, kept apart from what was measured.
+Used by bench/composition.py (a job at a fixed batch) and bench/realjobs.py --log-reads (memd's runs).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import os
 import subprocess
 import threading
 import time
-from typing import IO
+from typing import IO, Optional
 
 STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
@@ -30,6 +32,9 @@ def status(pid: int) -> dict:
         with open("/proc/%d/smaps_rollup" % pid) as f:
             out["private"] = sum(int(line.split()[1]) for line in f
                                  if line.startswith(("Private_Clean:", "Private_Dirty:"))) // 1024
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rpartition(")")[2].split()
+        out["cpu"] = round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)  # utime + stime
     except OSError:
         pass  # it exited between the listing and the read
     return out
@@ -56,11 +61,28 @@ def read(pid: int, group_path: str, started: float) -> dict:
                 group=group(group_path))
 
 
+def memd_view(endpoint: str, pid: int) -> Optional[dict]:
+    """The session of the job ``pid`` as memd's `status` shows it, in MiB; None if not there."""
+    from memd.client import DaemonUnavailable, call
+    try:
+        reply = call("status", endpoint=endpoint, timeout=0.5)
+    except DaemonUnavailable:
+        return None
+    for s in reply.get("sessions", []):
+        if s.get("pid") == pid:
+            mib = lambda v: None if v is None else round(v / 2 ** 20, 1)  # noqa: E731
+            plan = s.get("plan") or {}
+            return dict(budget=mib(s.get("budget_bytes")), predicted=mib(s.get("predicted_peak_bytes")),
+                        latest_peak=mib(s.get("latest_peak_bytes")), batch=plan.get("batch_size"),
+                        reason=plan.get("reason"))
+    return None
+
+
 class Reader:
     """Reads a running job into ``out`` every ``every`` seconds, in a thread, until stopped."""
 
-    def __init__(self, pid: int, group_path: str, out: IO[str], every: float = 0.5):
-        self.pid, self.group_path, self.out, self.every = pid, group_path, out, every
+    def __init__(self, pid: int, group_path: str, out: IO[str], every: float = 0.5, endpoint: Optional[str] = None):
+        self.pid, self.group_path, self.out, self.every, self.endpoint = pid, group_path, out, every, endpoint
         self.started = time.monotonic()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -68,7 +90,10 @@ class Reader:
 
     def _run(self) -> None:
         while not self.done.wait(self.every):
-            self.out.write(json.dumps(read(self.pid, self.group_path, self.started)) + "\n")
+            line = read(self.pid, self.group_path, self.started)
+            if self.endpoint:
+                line["memd"] = memd_view(self.endpoint, self.pid)
+            self.out.write(json.dumps(line) + "\n")
             self.out.flush()
 
     def stop(self) -> None:

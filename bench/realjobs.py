@@ -147,7 +147,7 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
     with MemoryCgroup(row.limit_bytes) as cg, tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=cg.join,
                                 start_new_session=True)
-        reader = Reader(proc.pid, cg.path, open(reads, "w")) if reads else None
+        reader = Reader(proc.pid, cg.path, open(reads, "w"), endpoint=endpoint) if reads else None
         try:
             run.exit_code = proc.wait(timeout)
         except subprocess.TimeoutExpired:

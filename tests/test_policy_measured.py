@@ -997,3 +997,25 @@ def two_workers_at_600(group_shmem=None):
             for i, (uss, shm) in enumerate(workers))
         return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=cg, errors=(), monotonic=at), CFG)
     return read
+
+
+def test_growth_the_workers_projection_caps_below_min_gain_waits():
+    """The benchmark's loop that rebuilds its four workers at each change of batch (bench/realjobs.py
+    --log-reads at 547e1c6): at 120, its workers at 277-280 MiB and projected to 0.32 GiB each,
+    the projection let it grow to 122 (1.7 %), under the min_gain a move must bring, and the
+    rebuild started its workers' copies over. A capped move is worth it only past min_gain too."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(710 * MiB, 1.0 * MiB, "fit", 4, 1.0, observed=((120, 830 * MiB),), noise=0.01, kills=True)
+    facts = WorkerFacts(uss=(277 * MiB, 280 * MiB, 277 * MiB, 277 * MiB), cost=325 * MiB, evident=300 * MiB,
+                        running=4)
+
+    def plan(free):
+        pool = Pool("host", "cpu", 2 * GiB, free * MiB, 804 * MiB, 20 * MiB)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=120), "ok", CFG, workers=facts,
+                      latest_batch=120, latest_peak=830 * MiB, held_peak=804 * MiB).plan
+
+    small = plan(237)  # the projection allows 122
+    assert small.batch_size == 120 and small.reason.startswith("holding 120: its 4 workers are still copying"), \
+        small.reason
+    assert plan(241).batch_size == 126  # 5 %: worth a rebuild

@@ -227,7 +227,9 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
     if unproven is not None and unproven <= current and limit < current and reason.startswith("probing"):
         return current, _still_copying(current, workers)
     if unproven is not None and limit > max(current, unproven):
-        limit = max(current, unproven)
+        # Capped below min_gain, the move is not worth the rebuild: the benchmark's loop went
+        # 120 -> 122 on it, and its four workers started their copies over.
+        limit = max(current, unproven) if unproven >= current * (1 + cfg.min_gain) else current
         reason = _still_copying(limit, workers)
     rushing = max(workers.growth, workers.copying)
     if limit > current and rushing > SETTLED * _running(workers) * (_per_worker(workers) or 0):

@@ -56,6 +56,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int)
     parser.add_argument("--steps", type=int, default=180)
     parser.add_argument("--out")
+    parser.add_argument("--switch-from", type=int, help="run the first --switch-after steps at this batch")
+    parser.add_argument("--switch-after", type=int, default=0)
+    parser.add_argument("--with-session", action="store_true", help="the job talks to memd (MEMD_ENDPOINT) too")
     parser.add_argument("--summarize", nargs="+", metavar="FILE", help="summarize runs logged before")
     args = parser.parse_args()
     if args.summarize:
@@ -67,6 +70,10 @@ def main() -> None:
     row = realjobs.ROWS[args.row]
     cmd = [sys.executable, realjobs.JOB, "--shape", row.shape, "--workers", str(row.workers), "--method", "fixed",
            "--batch", str(args.batch), "--steps", str(args.steps), "--steady-heap"]
+    if args.with_session:
+        cmd += ["--with-session"]
+    if args.switch_from:
+        cmd += ["--switch-from", str(args.switch_from), "--switch-after", str(args.switch_after)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([realjobs.ROOT, os.path.join(realjobs.ROOT, "client")]))
     with realjobs.MemoryCgroup(row.limit_bytes) as cg, open(args.out, "w") as log, \
             open(args.out + ".steps", "w") as steps:

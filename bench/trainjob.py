@@ -241,7 +241,22 @@ def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
 
 
 def method_fixed(shape: Shape, args) -> None:
-    run_steps(shape, args.steps, lambda i: (args.batch, 1, None), lambda i, batch, hwm: reset_hwm())
+    """--batch every step; with --switch-from B0 --switch-after N, B0 for the first N steps (a loop
+    that started at its default and then moved, rebuilding its loader, as an adaptive method's does)."""
+    def batch_for(i):
+        return (args.switch_from if args.switch_from and i < args.switch_after else args.batch), 1, None
+
+    if not args.with_session:
+        run_steps(shape, args.steps, batch_for, lambda i, batch, hwm: reset_hwm())
+        return
+    from memd import client
+
+    with client.Session(job=args.job, default_batch=args.batch) as s:  # asked and told, its plans not taken
+        def after(i, batch, hwm):
+            s.plan()
+            s.report(batch_size=batch, peak_bytes=hwm)
+            reset_hwm()
+        run_steps(shape, args.steps, batch_for, after)
 
 
 def method_report(shape: Shape, args) -> None:
@@ -394,6 +409,11 @@ def main(argv=None) -> None:
     parser.add_argument("--method", required=True, choices=METHODS)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch", type=int, help="the batch for --method fixed")
+    parser.add_argument("--switch-from", type=int, help="--method fixed: the batch of its first --switch-after steps")
+    parser.add_argument("--switch-after", type=int, default=0)
+    parser.add_argument("--with-session", action="store_true",
+                        help="--method fixed: also ask memd for a plan and report each step (MEMD_ENDPOINT), "
+                             "the batch staying --batch: what memd's client adds to a job")
     parser.add_argument("--default-batch", type=int, default=4, help="the user's default for memd's methods")
     parser.add_argument("--starting-batch", type=int, default=128, help="accelerate's starting_batch_size")
     parser.add_argument("--job", default=None, help="memd job name (default: bench-SHAPE)")

@@ -24,7 +24,10 @@ batch stayed within 5 % of the final one. A killed run's share is 0: what it lea
 Everything in the results is measured: batches the jobs ran, kills the kernel counted, peaks the
 kernel reported (VmHWM, the cgroup's max usage); nothing is taken from memd's own predictions.
 
-Writes DIR/results.json, DIR/table.md and DIR/<row>.png (batch per step, per method).
+Writes DIR/results.json, DIR/table.md and DIR/<row>.png (batch per step, per method); with
+--log-reads, DIR/reads/<row>-<method>.jsonl: what each method's job held every half second, with
+memd's view of it beside (bench/reads.py), to tell what a plan was decided on from what the job
+then held.
 """
 from __future__ import annotations
 
@@ -460,10 +463,10 @@ def main(argv=None) -> int:
                         help="run nothing: rewrite DIR/table.md and the plots from DIR/results.json")
     parser.add_argument("--feasible", default="", metavar="ROW=N,...",
                         help="skip probing for these rows (development only: the published table probes)")
-    parser.add_argument("--log-reads", action="store_true",
-                        help="write what each method's job holds, read every half second, to DIR/reads/ROW-METHOD.jsonl")
     parser.add_argument("--feasible-steady", default="", metavar="ROW=N,...",
                         help="the same, for the job with the heap held steady as memd's client holds it")
+    parser.add_argument("--log-reads", action="store_true",
+                        help="write what each method's job holds, read every half second, to DIR/reads/ROW-METHOD.jsonl")
     args = parser.parse_args(argv)
     global PROBE_REPEATS
     PROBE_REPEATS = max(1, args.probe_repeats)

@@ -15,7 +15,9 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
          nothing
   tiny   the gpt layout at a tenth of the cost, for the test suite
 Methods (where the batch size comes from):
-  fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it)
+  fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it;
+                       --switch-from B --switch-after N: B for the first N steps, then a rebuilt loader;
+                       --with-session: asking memd for a plan and reporting each step, the batch fixed)
   report               memd: Session.plan() (trim_heap() when its batch changes, as the README
                        shows), then report(batch, peak_bytes=VmHWM) and reset VmHWM
   suggest              memd: client.suggest_batch(default) alone, once a step

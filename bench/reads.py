@@ -15,7 +15,7 @@ import os
 import subprocess
 import threading
 import time
-from typing import IO, Optional
+from typing import Optional
 
 STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
@@ -79,10 +79,11 @@ def memd_view(endpoint: str, pid: int) -> Optional[dict]:
 
 
 class Reader:
-    """Reads a running job into ``out`` every ``every`` seconds, in a thread, until stopped."""
+    """Reads a running job into the file ``path`` every ``every`` seconds, in a thread, until stopped."""
 
-    def __init__(self, pid: int, group_path: str, out: IO[str], every: float = 0.5, endpoint: Optional[str] = None):
-        self.pid, self.group_path, self.out, self.every, self.endpoint = pid, group_path, out, every, endpoint
+    def __init__(self, pid: int, group_path: str, path: str, every: float = 0.5, endpoint: Optional[str] = None):
+        self.pid, self.group_path, self.every, self.endpoint = pid, group_path, every, endpoint
+        self.out = open(path, "w")
         self.started = time.monotonic()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -99,3 +100,4 @@ class Reader:
     def stop(self) -> None:
         self.done.set()
         self.thread.join(5)
+        self.out.close()

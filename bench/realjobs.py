@@ -150,7 +150,7 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
     with MemoryCgroup(row.limit_bytes) as cg, tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=cg.join,
                                 start_new_session=True)
-        reader = Reader(proc.pid, cg.path, open(reads, "w"), endpoint=endpoint) if reads else None
+        reader = Reader(proc.pid, cg.path, reads, endpoint=endpoint) if reads else None
         try:
             run.exit_code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -160,7 +160,6 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
         finally:
             if reader is not None:
                 reader.stop()
-                reader.out.close()
         run.killed = cg.oom_kills() > 0
         run.cgroup_peak_bytes = cg.peak_bytes()
         out.seek(0)

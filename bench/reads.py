@@ -72,9 +72,13 @@ def memd_view(endpoint: str, pid: int) -> Optional[dict]:
         if s.get("pid") == pid:
             mib = lambda v: None if v is None else round(v / 2 ** 20, 1)  # noqa: E731
             plan = s.get("plan") or {}
-            return dict(budget=mib(s.get("budget_bytes")), predicted=mib(s.get("predicted_peak_bytes")),
-                        latest_peak=mib(s.get("latest_peak_bytes")), batch=plan.get("batch_size"),
-                        reason=plan.get("reason"))
+            workers = s.get("workers")
+            if workers:
+                workers = {k.replace("_bytes", ""): [mib(b) for b in v] if isinstance(v, list) else
+                           mib(v) if k.endswith("_bytes") else v for k, v in workers.items()}
+            return dict(budget=mib(s.get("budget_bytes")), pool_budget=mib(s.get("pool_budget_bytes")),
+                        predicted=mib(s.get("predicted_peak_bytes")), latest_peak=mib(s.get("latest_peak_bytes")),
+                        batch=plan.get("batch_size"), reason=plan.get("reason"), workers=workers)
     return None
 
 

@@ -26,7 +26,8 @@ kernel reported (VmHWM, the cgroup's max usage); nothing is taken from memd's ow
 
 Writes DIR/results.json, DIR/table.md and DIR/<row>.png (batch per step, per method); with
 --log-reads, DIR/reads/<row>-<method>.jsonl: what each method's job held every half second, with
-memd's view of it beside (bench/reads.py), to tell what a plan was decided on from what the job
+memd's view of it beside (bench/reads.py), and DIR/reads/memd.log, the daemon's log (each change
+of batch with what it was decided on), to tell what a plan was decided on from what the job
 then held.
 """
 from __future__ import annotations
@@ -313,13 +314,16 @@ class MemdDaemon:
                     raise RuntimeError("memd did not start; see %s/memd.log" % self.dir)
                 time.sleep(0.1)
 
-    def stop(self) -> None:
+    def stop(self, keep_log: Optional[str] = None) -> None:
+        """Stop it and remove its directory, its log copied to ``keep_log`` first if given."""
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+        if keep_log:
+            shutil.copyfile(os.path.join(self.dir, "memd.log"), keep_log)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -527,7 +531,7 @@ def main(argv=None) -> int:
             with open(path, "w") as f:
                 json.dump({"meta": meta, "metas": metas, "results": results}, f, indent=1)
     finally:
-        daemon.stop()
+        daemon.stop(keep_log=os.path.join(reads, "memd.log") if reads else None)  # its batch_changed lines
     return write_table(results, args.out)
 
 

@@ -144,9 +144,9 @@ def _status(args: argparse.Namespace) -> int:
             s["job"][:20], s["pid"], "" if s.get("rank") is None else s["rank"], (s.get("pool") or "")[:14],
             plan.get("batch_size", ""), plan.get("grad_accum_steps", ""), _gib(s.get("latest_peak_bytes")),
             _gib(s.get("budget_bytes")), plan.get("reason", "")))
-        runs_in = _runs_in(s)
-        if runs_in:
-            print("  %20s %s" % ("", runs_in))
+        for line in (_runs_in(s), _workers_line(s)):
+            if line:
+                print("  %20s %s" % ("", line))
     return 0
 
 
@@ -170,6 +170,26 @@ def _runs_in(s: dict) -> str:
         return ""
     how = _ATTRIBUTED_BY.get(s.get("attributed_by") or "")
     return "in " + ", ".join(where) + (" (%s)" % how if how else "")
+
+
+def _workers_line(s: dict) -> str:
+    """Its dataloader workers as its plan saw them, or "": what a held growth or a cut beside them
+    was decided on."""
+    w = s.get("workers")
+    if not w:
+        return ""
+    own = w.get("own_bytes") or []
+    line = "workers: %d running" % w.get("running", len(own))
+    if own:
+        line += ", holding %s GiB" % " + ".join(_gib(b) for b in own[:8]) + (" + ..." if len(own) > 8 else "")
+    if w.get("cost_bytes"):
+        line += ", planned at %s GiB each" % _gib(w["cost_bytes"])
+    coming = max(w.get("growth_bytes") or 0, w.get("copying_bytes") or 0)
+    if coming:
+        line += ", %s GiB more on its way" % _gib(coming)
+    if s.get("budget_bytes") is not None and (s.get("pool_budget_bytes") or 0) > s["budget_bytes"]:
+        line += "; the batch's budget %s of the job's %s GiB" % (_gib(s["budget_bytes"]), _gib(s["pool_budget_bytes"]))
+    return line
 
 
 def _sample(args: argparse.Namespace) -> int:

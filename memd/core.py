@@ -45,6 +45,7 @@ class Core:
     log_throttle: Throttle = field(default_factory=Throttle)  # what a client's request may make the daemon log
     session_log: Budget = field(default_factory=Budget)  # session_opened / session_closed lines
     oom_log: Budget = field(default_factory=Budget)  # oom_reported lines (apart: a flood of sessions hides none)
+    plan_log: Budget = field(default_factory=Budget)  # batch_changed lines
 
     def uptime(self) -> float:
         return time.time() - self.started

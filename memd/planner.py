@@ -249,7 +249,8 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
         # The job reported after this snapshot was taken and nothing before it: what it held
         # then is unknown, so free memory cannot be paired with it. Keep the plan for the
         # moment until the next sample (an interval away) sees the job's memory.
-        return Decision(session.plan, session.state, session.budget_bytes, session.predicted_peak_bytes)
+        return Decision(session.plan, session.state, session.budget_bytes, session.predicted_peak_bytes,
+                        pool_budget_bytes=session.pool_budget_bytes)
     # A GPU's caching allocator may reserve more than a step needs (and an OOM there can be
     # caught); in host or unified memory every reported byte was used, and an overshoot kills.
     kills = pool.kind != DISCRETE
@@ -312,6 +313,8 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     if session.pool_key is None and pool.name != budget.HOST and not gpu_gone:
         session.pool_key = pool_key(pool, snapshot) + comparable(session)  # its GPU was unknown at hello
     session.budget_bytes = decision.budget_bytes
+    session.pool_budget_bytes = decision.pool_budget_bytes
+    session.workers = workers if workers.uss or workers.cost else None
     session.predicted_peak_bytes = decision.predicted_peak_bytes
     record_claim(session, sessions, was, snapshot.monotonic)
     return decision

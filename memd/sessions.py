@@ -18,7 +18,7 @@ from typing import Any, Callable, Counter, Deque, Dict, Iterable, Iterator, List
 
 from memd.client.plan import Plan
 from memd.planner_memo import PlannerMemo
-from memd.policy.controller import ControlState, Decision, Limits
+from memd.policy.controller import ControlState, Decision, Limits, WorkerFacts
 from memd.policy.fit import Observation, Prior
 from memd.sampling.snapshot import Cgroup
 
@@ -106,7 +106,9 @@ class SessionRecord:
     plan: Optional[Plan] = None
     pool: Optional[str] = None  # the pool of the last decision ("host" or a GPU uuid)
     budget_bytes: Optional[int] = None
+    pool_budget_bytes: Optional[int] = None  # the budget_bytes and its workers' share (Decision)
     predicted_peak_bytes: Optional[float] = None
+    workers: Optional[WorkerFacts] = None  # its dataloader workers as the last decision saw them
     wanted_peak_bytes: Optional[int] = None  # the peak it would plan for with its pool to itself
     latest_peak: Optional[int] = None
     # (when, the largest peak reported since the last OOM, as of then): what the job's allocator holds

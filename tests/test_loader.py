@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from memd import client  # noqa: E402
 from memd.client.training import MemdLoader  # noqa: E402
-from realdaemon import memd_env  # noqa: E402
+from realdaemon import memd_env, wait_for  # noqa: E402
 
 
 class Numbers(torch.utils.data.Dataset):
@@ -177,3 +177,53 @@ def test_throttle_pauses_fetching_until_memory_is_back(memd):
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["throttled"] is True
     assert 1.4 <= result["waited"] < 10 and result["after"] is False, result
+
+
+WORKERS_JOB = r"""
+import os, sys, time
+import torch
+from memd import client
+
+class Rows(torch.utils.data.Dataset):  # Python objects: each forked worker copies what it reads
+    def __init__(self):
+        self.rows = [[float(i)] * 1024 for i in range(2048)]
+    def __len__(self):
+        return len(self.rows)
+    def __getitem__(self, i):
+        return torch.tensor(self.rows[i][:4])
+
+with client.Session("with-workers", default_batch=8, timeout=1.0) as s:
+    batches = iter(torch.utils.data.DataLoader(Rows(), batch_size=8, num_workers=2, persistent_workers=True))
+    print("running", flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # a loop that asks and reports each step, until the test is done
+        next(batches)
+        s.report(batch_size=s.plan().batch_size, peak_bytes=300 * 2 ** 20)
+        time.sleep(0.05)
+"""
+
+
+def test_status_shows_the_workers_a_plan_was_made_beside(memd):
+    """A real job with two real DataLoader workers (forked, copying its dataset as they read it):
+    `status` shows the workers its latest plan saw, and `memd status` says so in a line."""
+    job = subprocess.Popen([sys.executable, "-c", WORKERS_JOB], env=memd_env({"MEMD_ENDPOINT": memd.endpoint}),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline().strip() == "running", job.stderr.read()[-2000:]
+
+        def seen():
+            view = next((v for v in memd.call("status")["sessions"] if v["job"] == "with-workers"), None)
+            return view if view and view["workers"] and len(view["workers"]["own_bytes"]) == 2 else None
+
+        view = wait_for(seen, timeout=20)
+        assert view, memd.call("status")["sessions"]
+        workers = view["workers"]
+        assert workers["running"] == 2 and all(b > 0 for b in workers["own_bytes"]), workers
+        assert workers["cost_bytes"] >= min(workers["own_bytes"]) and workers["follows_plan"] is False
+        assert view["pool_budget_bytes"] >= view["budget_bytes"]
+        out = subprocess.run([sys.executable, "-m", "memd", "status", "--endpoint", memd.endpoint],
+                             env=memd_env(), capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and "workers: 2 running, holding " in out.stdout, out.stdout
+    finally:
+        job.kill()
+        job.wait(10)

@@ -70,7 +70,7 @@ def _core(clock):
     cfg = Config()
     core = Core(config=cfg, sessions=Sessions(256, 60.0, clock, lambda s: True), store=StateStore("/nonexistent"),
                 host="here", clock=clock, session_log=Budget(burst=30, per_minute=60, clock=clock),
-                oom_log=Budget(burst=30, per_minute=60, clock=clock))
+                oom_log=Budget(burst=30, per_minute=60, clock=clock), plan_log=Budget(burst=30, per_minute=60, clock=clock))
     core.snapshot = Snapshot(taken_at=0.0, monotonic=0.0, host="here", memory_model=CPU,
                              system=SystemMemory(64 * GB, 32 * GB, 0, 0, 0), pressure=None, cgroup=None)
     return core
@@ -86,8 +86,10 @@ def test_each_session_and_oom_is_logged_once_and_a_flood_is_rate_limited():
         ops.oom(core, {"token": token, "batch_size": 8})
         ops.bye(core, {"token": token})
         ops.bye(core, {"token": token})  # bye again: nothing more to say
-    assert [e["event"] for e in logs] == ["session_opened", "oom_reported", "session_closed"]
-    opened, oom, closed = logs
+    assert [e["event"] for e in logs] == ["session_opened", "batch_changed", "oom_reported", "session_closed"]
+    opened, changed, oom, closed = logs
+    assert (changed["previous_batch_size"], changed["batch_size"]) == (8, oom["new_batch_size"])
+    assert str(oom["new_batch_size"]) in changed["reason"] and changed["workers"] is None
     assert opened["slurm_job_id"] == "42" and opened["attributed_by"] == "client" and opened["held_back"] == 0
     assert oom["log_level"] == "warning" and oom["batch_size"] == 8 and oom["new_batch_size"] < 8
     assert closed["reason"] == "bye" and closed["ooms"] == 1

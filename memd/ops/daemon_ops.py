@@ -10,6 +10,7 @@ from memd.client import protocol
 from memd.client.counts import whole
 from memd.core import VERSION, Core
 from memd.ops.fields import Invalid, integer, text
+from memd.policy.controller import WorkerFacts
 from memd.sampling.snapshot import as_json
 from memd.sessions import SessionRecord
 from memd.state import MAX_KEY_CHARS, owner_of
@@ -29,11 +30,13 @@ def status(core: Core, req: Dict[str, Any], who: Viewer = EVERYONE) -> Result:
     the next page with, or null on the last), sessions (by session number, those after
     ``after`` that fit in the page): [{session (its number, as in metrics and logs), job, pid,
     host, rank, pool, reports, ooms,
-    latest_batch, latest_peak_bytes, budget_bytes, predicted_peak_bytes, ceiling, plan, pool_key (what
+    latest_batch, latest_peak_bytes, budget_bytes, pool_budget_bytes (the budget and its workers'
+    share), predicted_peak_bytes, ceiling, plan, pool_key (what
     its curve is remembered under; null while its GPU cannot be told), unwatched (why a job on
     this host is not measured here, or null), pod_uid, slurm_job_id (the Kubernetes pod and
     Slurm job it runs in, or null), attributed_by ("cgroup" or "environ": read by the daemon
-    from the job's process; "client": as its hello said; null)}].
+    from the job's process; "client": as its hello said; null), workers (its dataloader workers
+    as its last plan saw them, or null: workers_view)}].
     """
     after, limit = _cursor(req), integer(req, "limit")
     snapshot = core.snapshot
@@ -120,11 +123,21 @@ def session_view(s: SessionRecord) -> Result:
         "session": s.sid, "job": s.job, "pid": s.pid, "host": s.host, "rank": s.rank, "pool": s.pool,
         "pool_key": s.pool_key,
         "reports": s.reports, "ooms": s.ooms, "latest_batch": s.latest_batch,
-        "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes,
+        "latest_peak_bytes": s.latest_peak, "budget_bytes": s.budget_bytes, "pool_budget_bytes": s.pool_budget_bytes,
         # A plan held far past its curve (its GPU not known) predicted 2**71: more than msgpack carries
         "predicted_peak_bytes": (min(int(s.predicted_peak_bytes), 2 ** 63 - 1)
                                  if s.predicted_peak_bytes is not None else None),
         "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
         "unwatched": s.unwatched, "pod_uid": s.pod_uid, "slurm_job_id": s.slurm_job_id,
-        "attributed_by": s.attributed_by,
+        "attributed_by": s.attributed_by, "workers": workers_view(s.workers),
     }
+
+
+def workers_view(w: Optional[WorkerFacts]) -> Optional[Result]:
+    """A session's dataloader workers as its last plan saw them: what a cut or a held growth
+    beside them was decided on (a loop that rebuilds its loader starts them over)."""
+    if w is None:
+        return None
+    return {"running": w.running if w.running is not None else len(w.uss), "own_bytes": list(w.uss),
+            "cost_bytes": w.cost, "evident_bytes": w.evident, "growth_bytes": w.growth,
+            "copying_bytes": w.copying, "queued_bytes": w.queued, "follows_plan": w.follows}

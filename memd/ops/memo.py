@@ -1,11 +1,16 @@
 """A session's decision, made by the policy once per change of what it depends on."""
 from __future__ import annotations
 
+import structlog
+
 from memd.core import Core
+from memd.ops.daemon_ops import workers_view
 from memd.planner import plan_session
 from memd.policy.controller import Decision
 from memd.sampling.snapshot import Snapshot
 from memd.sessions import SessionRecord
+
+log = structlog.get_logger("memd.ops")
 
 
 class NotReady(RuntimeError):
@@ -28,6 +33,8 @@ def decide(core: Core, session: SessionRecord) -> Decision:
     decision = plan_session(session, key[0], key[1].level, core.sessions, key[2], key[3].policy)
     if decision.plan != previous:
         core.epoch += 1  # the pool's other sessions reserve this one's growth: they decide again
+        if previous is not None and decision.plan.batch_size != previous.batch_size:
+            _log_change(core, session, previous.batch_size, decision)
     session.decided = (key[:4] + (core.epoch,), decision)
     return decision
 
@@ -37,3 +44,15 @@ def snapshot(core: Core) -> Snapshot:
     if core.snapshot is None:
         raise NotReady("the daemon has not sampled the machine yet")
     return core.snapshot
+
+
+def _log_change(core: Core, session: SessionRecord, was: int, decision: Decision) -> None:
+    """A change of batch, with what it was decided on: the journal is where an operator asks
+    why a job moved (a loop that rebuilds its loader pays for each move)."""
+    held = core.plan_log.allow()
+    if held is not None:
+        log.info("batch_changed", session=session.sid, job=session.job, pid=session.pid,
+                 batch_size=decision.plan.batch_size, previous_batch_size=was, reason=decision.plan.reason,
+                 budget_bytes=decision.budget_bytes, pool_budget_bytes=decision.pool_budget_bytes,
+                 latest_peak_bytes=session.latest_peak, latest_batch=session.latest_batch,
+                 workers=workers_view(session.workers), held_back=held)

@@ -91,6 +91,8 @@ class Decision:
     budget_bytes: Optional[int]
     predicted_peak_bytes: Optional[float]
     at_ceiling: bool = False  # the OOM ceiling held the batch down (a run held there counts toward lifting it)
+    # The pool's budget for the job, its workers' share included (budget_bytes is the batch's part)
+    pool_budget_bytes: Optional[int] = None
 
 
 def after_report(state: ControlState, batch: int) -> ControlState:
@@ -123,6 +125,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         budget = budget_bytes
     else:
         budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
+    pool_budget = budget
     current = state.batch
     kept = unproven = None
     at_ceiling = False
@@ -206,7 +209,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if workers is not None and as_they_are is not None and current is not None and batch < current:
         cut_on = workers.read
     new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap, cut_on=cut_on)
-    return Decision(plan, new_state, budget, predicted, at_ceiling)
+    return Decision(plan, new_state, budget, predicted, at_ceiling, pool_budget)
 
 
 def _growth_beside_workers(limit: int, reason: str, current: int, workers: WorkerFacts, unproven: Optional[int],

@@ -424,7 +424,9 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        growth=memo.worker_growth if job is not None else 0,
                        copying=memo.worker_copying if job is not None else 0, follows=session.follows_workers,
                        queued=memo.queued[-1][1] if job is not None and memo.queued else 0,
-                       queued_high=max((q for at, q in memo.queued if at >= since), default=0))
+                       queued_high=max((q for at, q in memo.queued if at >= since), default=0),
+                       level=memo.worker_level[2] if memo.worker_level is not None else None,
+                       levelled=memo.worker_level is not None and memo.worker_level[0])
 
 
 def settling(session: SessionRecord) -> bool:

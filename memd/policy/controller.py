@@ -69,6 +69,10 @@ class WorkerFacts:
     # alone maps, or no process maps), now and at the most within the horizon (_queue).
     queued: int = 0
     queued_high: int = 0
+    # Where the job's workers level off (planner.worker_facts), and whether one did (else it was
+    # read off a worker's course): shown, not planned on (cost and evident carry it).
+    level: Optional[int] = None
+    levelled: bool = False
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,8 @@ def _core(clock):
     cfg = Config()
     core = Core(config=cfg, sessions=Sessions(256, 60.0, clock, lambda s: True), store=StateStore("/nonexistent"),
                 host="here", clock=clock, session_log=Budget(burst=30, per_minute=60, clock=clock),
-                oom_log=Budget(burst=30, per_minute=60, clock=clock), plan_log=Budget(burst=30, per_minute=60, clock=clock))
+                oom_log=Budget(burst=30, per_minute=60, clock=clock),
+                plan_log=Budget(burst=30, per_minute=60, clock=clock))
     core.snapshot = Snapshot(taken_at=0.0, monotonic=0.0, host="here", memory_model=CPU,
                              system=SystemMemory(64 * GB, 32 * GB, 0, 0, 0), pressure=None, cgroup=None)
     return core

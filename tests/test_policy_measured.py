@@ -1019,3 +1019,47 @@ def test_growth_the_workers_projection_caps_below_min_gain_waits():
     assert small.batch_size == 120 and small.reason.startswith("holding 120: its 4 workers are still copying"), \
         small.reason
     assert plan(241).batch_size == 126  # 5 %: worth a rebuild
+
+
+def test_a_worker_first_read_late_in_its_copying_still_shows_where_it_levels():
+    """Two workers beside the benchmark's loop at 649 (two-workers-2g, helpers, at 6633259; memd's
+    reads as its status showed them, each worker's CPU seconds read by the benchmark). The job's
+    level, 326 MiB, was read off its first workers' course; a rebuilt loader's workers were first
+    read at 276 and 215 MiB, and their courses grew 34 and 87 MiB in the first half of their CPU
+    time and 16 and 21 in the second. The first, at 326 MiB, passed the job's level: with no level
+    of its own (its first half had grown it by a tenth of what it held, which level_of took for a
+    read's noise) it was taken to add 35 MiB within 10 s at its rate over 14 s, and both workers
+    were costed at 362 MiB: the batch was cut from 649 to 579. The workers of that run levelled
+    at 336-343 MiB. Its course says 340."""
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(), created=0.0, last_seen=0.0)
+
+    def read(at, pids, uss, cpu):
+        procs = (ProcessMemory(7, 1, "trainer", 1100 * MiB, None, None),) + tuple(
+            ProcessMemory(pid, 7, "pt_data_worker", 643 * MiB, None, int(u * MiB), anon_bytes=623 * MiB,
+                          cpu_seconds=c) for pid, u, c in zip(pids, uss, cpu))
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+
+    first = ((6.5, (83.5, 82.1), (0.57, 0.52)), (8.1, (124.4, 123.3), (0.82, 0.77)),
+             (9.8, (160.5, 153.8), (1.03, 1.02)), (12.0, (185.3, 180.5), (1.35, 1.31)),
+             (14.2, (208.8, 203.2), (1.65, 1.64)), (15.9, (232.5, 222.0), (1.92, 1.88)),
+             (18.1, (249.9, 239.0), (2.27, 2.2)), (20.3, (262.4, 252.0), (2.55, 2.53)),
+             (21.9, (273.1, 261.0), (2.79, 2.77)), (24.2, (283.6, 270.8), (3.11, 3.05)),
+             (25.8, (289.2, 277.4), (3.35, 3.33)), (27.5, (294.4, 284.3), (3.61, 3.55)))
+    for at, uss, cpu in first:
+        read(at, (8, 9), uss, cpu)
+    level = session.planner.worker_level
+    assert level is not None and not level[0] and 320 * MiB <= level[2] <= 345 * MiB  # read off their course
+    rebuilt = ((70.4, (276.4, 215.4), (2.36, 1.76)), (72.6, (276.4, 276.9), (2.67, 2.35)),
+               (74.4, (298.7, 276.9), (3.11, 2.36)), (76.6, (298.8, 302.8), (3.2, 3.09)),
+               (78.9, (311.3, 302.8), (3.84, 3.32)), (80.6, (311.3, 317.6), (3.86, 3.8)),
+               (82.9, (320.7, 317.6), (4.55, 3.99)), (85.2, (320.7, 324.0), (4.85, 4.53)))
+    for at, uss, cpu in rebuilt:
+        read(at, (12, 13), uss, cpu)
+    facts = read(87.0, (12, 13), (326.4, 324.0), (5.25, 4.53))
+    assert facts.evident is not None and facts.evident <= 343 * MiB, facts.evident / MiB  # was 361.9
+    assert facts.growth <= 2 * (343 - 324) * MiB, facts.growth / MiB

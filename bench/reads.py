@@ -3,9 +3,10 @@
 One JSON line per read, in MiB: the trainer's VmHWM, VmRSS, RssAnon, RssFile and RssShmem
 (/proc/PID/status), each child's private pages (/proc/PID/smaps_rollup), RssShmem and CPU seconds
 (/proc/PID/stat), the group's memory.stat (v1: cache, rss, shmem, mapped_file, active_file,
-inactive_file) with its usage. Read by the benchmark itself, beside the job. With an endpoint,
-each line also holds memd's view of the job at that moment (``memd``: its session's budget,
-predicted peak and plan, from `status`): what memd decided on, kept apart from what was measured.
+inactive_file; pgmajfault and workingset_refault_file as counts) with its usage. Read by the
+benchmark itself, beside the job. With an endpoint, each line also holds memd's view of the job
+at that moment (``memd``: its session's budget, predicted peak and plan, from `status`): what
+memd decided on, kept apart from what was measured.
 Used by bench/composition.py (a job at a fixed batch) and bench/realjobs.py --log-reads (memd's runs).
 """
 from __future__ import annotations
@@ -19,6 +20,9 @@ from typing import Optional
 
 STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
+# Counts, not bytes: pages faulted in from disk, and file pages read again after the group's
+# reclaim dropped them (a job that runs only by evicting its own code's pages thrashes).
+COUNTS = ("pgmajfault", "workingset_refault_file")
 
 
 def status(pid: int) -> dict:
@@ -48,6 +52,8 @@ def group(path: str) -> dict:
                 key, value = line.split()
                 if key in GROUP:
                     out[key] = int(value) >> 20
+                elif key in COUNTS:
+                    out[key] = int(value)
         with open(os.path.join(path, "memory.usage_in_bytes")) as f:
             out["usage"] = int(f.read()) >> 20
     except OSError:

@@ -1065,41 +1065,6 @@ def test_a_worker_first_read_late_in_its_copying_still_shows_where_it_levels():
     assert facts.growth <= 2 * (343 - 324) * MiB, facts.growth / MiB
 
 
-def test_a_cap_holds_while_the_rebuilt_workers_copy_again():
-    """The benchmark's loop with four workers that rebuilds its loader at each change of batch
-    (bench/realjobs.py --log-reads at 2b5bcee, suggest; memd's status at each read): at 117, its
-    workers near their level (288-295 MiB, cost 319), its steps at 826.5 MiB against a budget of
-    826.6, it was cut to 113 and capped there. Two seconds later its rebuilt workers held 68-90
-    MiB, the batch's budget read 920 MiB, past the cap's 3 %, and the cap went: the run went
-    113 -> 109 -> 105 <-> 109, a rebuild every 50 s, its workers never levelling. Kept against
-    the budget beside workers that hold their cost, which stays where it was (824 MiB), the cap
-    holds until the pool itself grows."""
-    from memd.policy.budget import Pool
-
-    # Its steps' spread read 0 % (the run's reasons say so).
-    curve = Curve(729 * MiB, 0.83 * MiB, "fit", 4, 1.0, observed=((113, 823.3 * MiB), (117, 826.9 * MiB)),
-                  noise=0.0, kills=True)
-
-    def plan(state, batch, peak, pool_budget, uss, cost, evident, growth, queued):
-        facts = WorkerFacts(cpus=2.0, uss=tuple(int(u * MiB) for u in uss), cost=int(cost * MiB),
-                            evident=int(evident * MiB), growth=int(growth * MiB), queued=int(queued * MiB),
-                            queued_high=int(queued * MiB), running=4, newest=4)
-        return decide(curve, Pool("host", "cpu", 2 * GiB, 0, None, 20 * MiB), Limits(), state, "ok", CFG,
-                      latest_batch=batch, latest_peak=int(peak * MiB), workers=facts,
-                      budget_bytes=int(pool_budget * MiB))
-
-    cut = plan(ControlState(batch=117), 117, 826.5, 838.8, (293.1, 295.2, 287.9, 290.0), 319.2, 318.6, 79.4, 32.8)
-    assert cut.plan.batch_size == 113 and cut.state.cap[:2] == (117, 113), cut.plan.reason
-    assert abs(cut.budget_bytes / MiB - 826.6) < 1  # the status's figure, rebuilt from its parts
-    fresh = plan(cut.state, 113, 823.2, 1753.8, (89.4, 90.0, 87.8, 67.9), 320.8, 295.2, 0.0, 28.4)
-    assert fresh.budget_bytes > cut.budget_bytes * (1 + CFG.min_gain)  # the batch's budget swung up
-    assert fresh.state.cap == cut.state.cap and fresh.plan.batch_size == 113
-    assert fresh.plan.reason == "keeping 113: 117 stopped fitting this run", fresh.plan.reason
-    # Another job left the pool (100 MiB more, the workers as at the cut): the cap goes.
-    grown = plan(cut.state, 113, 823.2, 938.8, (293.1, 295.2, 287.9, 290.0), 319.2, 318.6, 79.4, 32.8)
-    assert grown.state.cap is None
-
-
 def test_a_workers_rate_is_read_over_its_latest_seconds_not_its_faster_start():
     """The benchmark's two-workers loop (bench/realjobs.py --log-reads at 2b5bcee, helpers): a
     rebuilt loader's worker, read by memd at the job's steps, held 281, 307, 320 and 330 MiB at

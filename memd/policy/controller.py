@@ -82,9 +82,8 @@ class ControlState:
     stable: int = 0  # clean reports since the last cut
     critical_cut: bool = False  # the batch was already cut in the current critical episode
     # (a batch whose own steps stopped fitting this run, the batch the plan moved down to, the
-    # budget then, beside workers as if each held its cost: _beside_workers): the plan grows no
-    # further than the second until that budget grows, so a job whose peaks straddle its budget
-    # settles instead of trying the edge again and again.
+    # budget then): the plan grows no further than the second until the budget grows, so a job
+    # whose peaks straddle its budget settles instead of trying the edge again and again.
     cap: Optional[Tuple[int, int, int]] = None
     cut_on: Optional[float] = None  # the read of the workers the latest cut beside them was decided on
 
@@ -135,19 +134,17 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     kept = unproven = None
     at_ceiling = False
     as_they_are = None  # the budget beside workers if they stopped growing now (their growth is held back in it)
-    gauge = budget  # the budget a cap is kept against (beside workers: as if each held its cost)
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
         as_they_are = budget + workers.growth if workers.uss else None
-        budget, kept, unproven, gauge = _beside_workers(limits, workers, curve, budget, grow_dip)
+        budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
-    if cap is not None and gauge is not None and gauge > cap[2] * (1 + cfg.min_gain):
+    if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
         cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
     if current is not None and budget is not None and curve is not None:
         outgrown = latest_batch == current and curve.kills
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
-        limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise,
-                                     gauge)
+        limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise)
 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
@@ -264,7 +261,7 @@ def _still_copying(batch: int, workers: WorkerFacts) -> str:
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
             cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig, clear: Optional[int] = None,
-            spread: float = 0.0, gauge: Optional[int] = None) -> Tuple[int, str, Optional[Tuple[int, int, int]]]:
+            spread: float = 0.0) -> Tuple[int, str, Optional[Tuple[int, int, int]]]:
     """Fewer, surer changes of batch: each costs the job memory and a DataLoader rebuild, and a
     run of small moves raised a real job's peaks by up to 10 % (the first step at a new size runs
     low, the next ones high). Growth waits for a second report at the batch and must gain min_gain.
@@ -272,8 +269,7 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
     the job's own steps say the batch no longer fits, the move down goes min_gain below it and the
     run stays there (on a GPU an overshoot is an out-of-memory error, and its ceiling remembers
     it; a cap there would also keep an allocator spike forever), and at least to ``clear``, where
-    the latest step's own peak would fit (_clear_of). The cap keeps ``gauge``, the budget to tell
-    the pool's growth by (beside workers, as if each held its cost). Returns (limit, reason, cap)."""
+    the latest step's own peak would fit (_clear_of). Returns (limit, reason, cap)."""
     if limit > current:
         if settling:
             return current, "keeping %d until a second step there: a batch's first step after a change runs low" % (
@@ -302,7 +298,7 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
             lower = max(1, int(current * (1 - cfg.min_gain)))
             limit, reason = lower, "down to %d, %.0f %% below %d, which fits no longer (%s)" % (
                 lower, 100 * cfg.min_gain, current, reason)
-        cap = (current, limit, budget if gauge is None else gauge)
+        cap = (current, limit, budget)
     return limit, reason, cap
 
 
@@ -431,17 +427,9 @@ def _queue(limits: Limits, facts: WorkerFacts) -> Tuple[int, int]:
 
 
 def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int,
-                    dip: int = 0) -> Tuple[int, Optional[int], Optional[int], int]:
+                    dip: int = 0) -> Tuple[int, Optional[int], Optional[int]]:
     """(the batch's budget, the workers kept beside it, None before a worker is measured; the
-    largest batch the workers' projection allows, where it stops growth but may not cut; the
-    batch's budget as if each worker held its cost, which a cap is kept against).
-
-    That last one does not swing as the workers copy. The batch's budget does: a loop that
-    rebuilds its loader at each change of batch starts its workers' copies over, and their room
-    comes back for a while. Against that budget a cap did not hold: the benchmark's loop with
-    four workers was cut 117 -> 113 as they neared their level (the batch's budget 827 MiB, its
-    steps at 826.5), the fresh workers' room read 920 two seconds later, past the cap's 3 %, and
-    the run went 113 -> 109 -> 105 <-> 109, a rebuild every 50 s, its workers never levelling.
+    largest batch the workers' projection allows, where it stops growth but may not cut).
 
     In a pool the batch shares with its workers, the number of workers is decided first, once
     for the pool: the most of those the job asked for whose measured cost leaves the batch at
@@ -461,7 +449,7 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     per_worker = _per_worker(facts)
     wanted = _wanted(limits, facts)
     if not per_worker or not wanted:
-        return budget, None, None, budget
+        return budget, None, None
     queued, share = _queue(limits, facts)
     room = budget + facts.growth + sum(facts.uss) + queued  # with no worker: all of theirs comes back
     half = max(limits.min_batch, curve.max_batch(room) // 2)
@@ -484,14 +472,14 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     # took 4 s, over before the daemon's next read of its processes.)
     beside = kept if facts.follows else max(kept, _running(facts))
     if not beside:
-        return budget, 0, None, budget
+        return budget, 0, None
     projected = min(budget, left(beside, per_worker))
     if facts.evident is None:
-        return projected, kept, None, projected
+        return projected, kept, None
     # Growth goes beside the workers of the latest read too, if more: a loader's workers start
     # over a second, and in the first the median of the counts was 1 of 4 (a probe went 32 -> 130).
     starting = min(budget, left(max(beside, facts.newest or 0), per_worker))
-    return min(budget, left(beside, facts.evident)), kept, curve.max_batch(starting - dip), projected
+    return min(budget, left(beside, facts.evident)), kept, curve.max_batch(starting - dip)
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],

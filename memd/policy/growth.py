@@ -39,7 +39,6 @@ COURSE = 32  # points of a worker's course kept (thinned to every other one when
 # benchmark's four workers at batch 32 went from 2 to 34 MiB in their first 0.2 s (prefetching
 # their first batches), 16 MiB a second each, then copied at 2-5 MiB a second; extrapolated over
 # 10 s that burst cut the job from 32 to 1 within 2 s, where its workers never showed their level.
-# Nor is it read over much more (_since): the latest RATE_SPAN seconds or more say where it is now.
 RATE_SPAN = 5.0
 
 
@@ -47,7 +46,7 @@ RATE_SPAN = 5.0
 class Growth:
     projected: int  # what it will hold within the horizon at the rate it grew, at most its bound
     levelled: bool  # it did work and grew little for it: what it holds is what it costs
-    rate: float  # bytes per second over its latest RATE_SPAN seconds or more (_since)
+    rate: float  # bytes per second over the reads kept
     level: Optional[int] = None  # where its copying is headed, once it slowed enough to tell (level_of)
     sustained: bool = False  # its rate was read over at least RATE_SPAN seconds
 
@@ -57,28 +56,13 @@ def growth(reads: Sequence[Tuple[float, Optional[float], int]], bound: int, hori
     """One worker's course from ``reads``, (clock seconds, CPU seconds or None, bytes it alone
     holds), oldest first. ``bound``: the most it can come to own (its anonymous pages).
     ``course``: (CPU seconds, bytes it holds) since it was first read (kept by keep())."""
-    (t0, _, first), (t1, c1, last) = _since(reads), reads[-1]
+    (t0, c0, first), (t1, c1, last) = reads[0], reads[-1]
     rate = (last - first) / (t1 - t0) if t1 > t0 and last > first else 0.0
     projected = int(min(last + rate * horizon, max(bound, last)))
-    c0 = reads[0][1]  # the work it did is counted over every read kept
     worked = c0 is not None and c1 is not None and c1 - c0 >= WORK
     levelled = len(reads) >= 3 and worked and rate * horizon <= LEVEL * last and (not course or _flat(course))
     level = last if levelled else level_of(course, bound)
     return Growth(projected if level is None else max(level, last), levelled, rate, level, t1 - t0 >= RATE_SPAN)
-
-
-def _since(reads: Sequence[Tuple[float, Optional[float], int]]) -> Tuple[float, Optional[float], int]:
-    """The read a rate is taken from: the newest one RATE_SPAN or more before the latest (the
-    oldest kept, when none is). The reads kept span more than that when the job steps slowly (a
-    read a step, 8 kept: 14-16 s at two seconds a step), and over all of them a worker that had
-    slowed down was taken at the rate of its faster start: in the benchmark's two-workers loop a
-    worker at 330 MiB, past the job's level, was taken at 4.0 MiB/s over 12 s, 40 MiB within 10 s,
-    where its reads of the latest 8 s said 2.9 (29 MiB), and the batch was cut 626 -> 560."""
-    last = reads[-1][0]
-    for i in range(len(reads) - 2, -1, -1):  # a deque: no slices
-        if last - reads[i][0] >= RATE_SPAN:
-            return reads[i]
-    return reads[0]
 
 
 def level_of(course: Sequence[Tuple[float, int]], bound: int) -> Optional[int]:

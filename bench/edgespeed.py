@@ -141,6 +141,9 @@ def main(argv=None) -> int:
     if why is not None:
         print("cannot run: %s" % why, file=sys.stderr)
         return 2
+    if args.drop_caches and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        print("cannot run: --drop-caches writes /proc/sys/vm/drop_caches, which needs root", file=sys.stderr)
+        return 2
     row = ROWS[args.row]
     batches = [int(b) for b in args.batches.split(",") if b.strip()]
     os.makedirs(os.path.join(args.out, "reads"), exist_ok=True)

@@ -1,14 +1,15 @@
 """How fast a real job trains at the batches just below the kill line of its cgroup.
 
     sudo .venv/bin/python bench/edgespeed.py --row two-workers-2g --batches 560,592,611,630,648 \
-        [--steps 120] [--repeats 2] [--out DIR]
+        [--steps 120] [--repeats 2] [--drop-caches] [--feasible 648] [--out DIR]
 
 "Feasible" in bench/realjobs.py is the largest batch the kernel does not kill. Near that line the
-kernel keeps the job alive by reclaiming the group's page cache, the pages of the code it runs
-included, and the job reads them back from disk at every step. This runs the row's job at each
-batch (a fixed batch, glibc's heap held steady as memd's client holds it: realjobs' --steady-heap
-probes), each in a fresh process in a fresh cgroup of the row's size, the batches interleaved
-across repeats so a noisy moment of the machine does not land on one batch, and reports per batch:
+kernel keeps the job alive by reclaiming the group's page cache; where that holds the pages of
+the code the job runs, the job reads them back from disk at every step. This runs the row's job
+at each batch (a fixed batch, glibc's heap held steady as memd's client holds it: realjobs'
+--steady-heap probes), each in a fresh process in a fresh cgroup of the row's size, the batches
+interleaved across repeats so a noisy moment of the machine does not land on one batch, and
+reports per batch:
 
 - seconds per step, the median over the second half of the steps (the first half holds the
   imports, the warm-up and the workers' first copies);
@@ -84,7 +85,7 @@ def measure(row: Row, batch: int, steps: int, reads_path: str, fresh_cache: bool
     return out
 
 
-def summarize(row: Row, runs: List[Dict]) -> List[Dict]:
+def summarize(runs: List[Dict]) -> List[Dict]:
     """Per batch: medians over its completed repeats; the ratio against the smallest batch."""
     rows = []
     for batch in sorted({r["batch"] for r in runs}):
@@ -107,7 +108,7 @@ def summarize(row: Row, runs: List[Dict]) -> List[Dict]:
     return rows
 
 
-def table(row: Row, rows: List[Dict], feasible: Optional[int]) -> str:
+def table(rows: List[Dict], feasible: Optional[int]) -> str:
     lines = ["| batch | of feasible | runs | killed | s/step (median) | samples/s | vs %d | major faults/step | "
              "file refaults/step | file pages, fewest (MiB) | mapped, fewest (MiB) |" % rows[0]["batch"],
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
                              args.drop_caches)
             runs.append(result)
             print(json.dumps(result), flush=True)
-    rows = summarize(row, runs)
+    rows = summarize(runs)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     meta = {"command": " ".join(["python", "bench/edgespeed.py"] + (argv if argv is not None else sys.argv[1:])),
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "row": row.name, "runs": runs, "batches": rows}, f, indent=1)
-    text = table(row, rows, args.feasible)
+    text = table(rows, args.feasible)
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(text)
     print(text)

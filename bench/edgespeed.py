@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
@@ -44,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]
 
 from bench.memcg import available  # noqa: E402
-from bench.realjobs import ROWS, Row, run_job, settled_steps  # noqa: E402
+from bench.realjobs import ROWS, Row, machine_meta, run_job, settled_steps  # noqa: E402
 
 
 def drop_caches() -> None:
@@ -156,11 +154,8 @@ def main(argv=None) -> int:
             runs.append(result)
             print(json.dumps(result), flush=True)
     rows = summarize(runs)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    meta = {"command": " ".join(["python", "bench/edgespeed.py"] + (argv if argv is not None else sys.argv[1:])),
-            "machine": "%s, %d cores" % (platform.machine(), os.cpu_count() or 0), "commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    meta = dict(command=" ".join(["python", "bench/edgespeed.py"] + (argv if argv is not None else sys.argv[1:])),
+                **machine_meta(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"meta": meta, "row": row.name, "runs": runs, "batches": rows}, f, indent=1)
     text = table(rows, args.feasible)

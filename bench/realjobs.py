@@ -377,6 +377,18 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
     return result
 
 
+def machine_meta() -> Dict:
+    """What a result was measured on and at which commit (every real-job benchmark's results.json)."""
+    import torch
+    return {"machine": "%s, %d cores, %.0f GiB, kernel %s" % (
+                platform.machine(), os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GiB,
+                platform.release()),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "cgroup": "v1" if os.path.isdir("/sys/fs/cgroup/memory") else "v2",
+            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                     text=True).stdout.strip() or None}
+
+
 def summary_line(run: Run, feasible_batch: int) -> str:
     final = run.final_batch()
     if final is None:
@@ -491,17 +503,9 @@ def main(argv=None) -> int:
     methods = args.methods.split(",")
     os.makedirs(args.out, exist_ok=True)
     log = lambda text: print(text, flush=True)  # noqa: E731
-    import torch
-    meta = {"command": "python bench/realjobs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "machine": "%s, %d cores, %.0f GiB, kernel %s" % (platform.machine(), os.cpu_count(),
-                                                                os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GiB,
-                                                                platform.release()),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "cgroup": "v1" if os.path.isdir("/sys/fs/cgroup/memory") else "v2",
-            "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "probe_steps": args.probe_steps,
-            "probe_repeats": PROBE_REPEATS,
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip() or None}
+    meta = dict(command="python bench/realjobs.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                **machine_meta(), date=time.strftime("%Y-%m-%d"), steps=args.steps, probe_steps=args.probe_steps,
+                probe_repeats=PROBE_REPEATS)
     reads = os.path.join(args.out, "reads") if args.log_reads else None
     if reads:
         os.makedirs(reads, exist_ok=True)

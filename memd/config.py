@@ -28,9 +28,10 @@ class PolicyConfig:
     """Thresholds and moves of the controller (docs/policy.md gives each one's source)."""
     # Kept free on top of the learned (upper-bound) peak, for what no report shows: kernel
     # memory, allocator rounding, others' growth between samples. The job's own spread is in
-    # the curve, so this stays small: 1 % of the pool, at least 16 MiB.
+    # the curve, so this stays small: 1 % of the pool, at least 8 MiB. In a cgroup that bounds the
+    # job, the 1 % only keeps room for the code pages its group maps (budget.group_margin).
     margin_ratio: float = 0.01
-    margin_min_bytes: int = 16 * MiB
+    margin_min_bytes: int = 8 * MiB
     # Kept for the OS out of the machine's RAM (never out of a job's own cgroup, where no OS
     # lives): seed 000's 8 GB, at most os_reserve_max_ratio of the RAM.
     os_reserve_bytes: int = 8 * GB

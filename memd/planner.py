@@ -43,7 +43,18 @@ def pool_for(session: SessionRecord, snapshot: Snapshot, job: Optional[JobMemory
         pool = budget.gpu_pool(gpu, job, cfg) if gpu is not None else None
         if pool is not None:
             return pool
-    return budget.host_pool(snapshot, job, cfg, session.cgroup)
+    return budget.host_pool(snapshot, job, cfg, session.cgroup, mapped_kept(session, job))
+
+
+def mapped_kept(session: SessionRecord, job: Optional[JobMemory]) -> Optional[int]:
+    """The most file pages the job's group has kept mapped this run (budget.group_margin), None
+    until read. The most, not the latest: near its limit the kernel takes them back (the workers
+    job's from 96 MiB to 32 at the batch that fits), and a margin that shrank with them would
+    let the job grow into the pages its code still needs."""
+    mapped = job.cgroup.mapped_file_bytes if job is not None and job.cgroup is not None else None
+    if mapped is not None:
+        session.planner.mapped_file = max(session.planner.mapped_file or 0, mapped)
+    return session.planner.mapped_file
 
 
 def pool_key(pool: budget.Pool, snapshot: Snapshot) -> str:

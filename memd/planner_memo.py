@@ -36,3 +36,4 @@ class PlannerMemo:
     # of a host pool's reads: the last two for planner.steadied, those within the horizon for
     # planner.room_dip
     rooms: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
+    mapped_file: Optional[int] = None  # the most file pages the job's group kept mapped (planner.mapped_kept)

@@ -38,7 +38,8 @@ def test_a_jobs_own_cgroup_keeps_no_os_reserve_and_a_small_margin():
     pool = host_pool(host(), job_in_cgroup(577, 672), CFG)
     budget = pool.budget(held_peak=1070 * MiB)
     assert pool.capacity_bytes == GiB
-    assert budget == (1024 - 577 + 672 - 16) * MiB  # limit - what the group holds + what the job holds - margin
+    # limit - what the group holds + what the job holds - margin (1 %: what the group maps is not known here)
+    assert budget == (1024 - 577 + 672) * MiB - int(0.01 * GiB)
     assert KILLED_ABOVE - 25 * MiB < budget < KILLED_ABOVE
 
 
@@ -47,7 +48,7 @@ def test_the_budget_is_the_same_at_every_phase_of_a_step(usage, rss):
     """Four reads of the same step at different moments (measured pairs): the cgroup's usage and
     the trainer's RSS are read together, so free plus held is the same whenever it is read."""
     budget = host_pool(host(), job_in_cgroup(usage, rss), CFG).budget(held_peak=1070 * MiB)
-    assert abs(budget - 1103 * MiB) <= MiB
+    assert abs(budget - 1109 * MiB) <= MiB
 
 
 def test_page_cache_nobody_maps_is_free_for_the_job():
@@ -61,6 +62,47 @@ def test_the_machines_ram_keeps_its_os_reserve():
     assert pool.capacity_bytes == 64 * GB
     assert pool.free_bytes == 40 * GB - int(6.4 * GB)
     assert pool.margin_bytes == int(0.64 * GB)
+
+
+def test_the_margin_in_a_jobs_own_cgroup_keeps_room_for_the_code_its_group_maps():
+    """The two-workers job in 2 GiB (bench/edgespeed.py), its libraries charged to its group: at
+    560 the group kept 94 MiB of file pages mapped; at 632 it ran at full speed with 16 MiB mapped,
+    at 648 it thrashed with 4 MiB of file pages left. The margin keeps room for them, at most the
+    1 % (20 MiB). Charged to another group, as in the benchmark's memd runs beside four workers
+    (the group mapped 0-7 MiB), the floor is left: kernel memory, which rose 6.8 MiB as that job's
+    loader forked four new workers beside the old ones."""
+    def margin(mapped):
+        cg = Cgroup(1, "/memd-bench", 2 * GiB, 1800 * MiB, reclaimable_bytes=(mapped or 0) * MiB,
+                    mapped_file_bytes=None if mapped is None else mapped * MiB)
+        job = JobMemory(pid=7, processes=(), cgroup=cg, errors=(), monotonic=0.0, trainer_rss_bytes=900 * MiB)
+        return host_pool(host(), job, CFG).margin_bytes
+
+    assert margin(94) == int(0.01 * 2 * GiB)
+    assert margin(16) == 16 * MiB
+    assert margin(7) == margin(0) == 8 * MiB > 6.8 * MiB
+    assert margin(None) == int(0.01 * 2 * GiB)  # not known: the usual margin
+    # The machine's RAM keeps the usual margin whatever a group maps.
+    assert host_pool(host(64 * GB, 40 * GB), None, CFG).margin_bytes == int(0.64 * GB)
+
+
+def test_the_margin_keeps_the_most_the_group_mapped_as_the_kernel_takes_it_back():
+    """The four-workers job at 131 in 2 GiB, its libraries charged to its group: its mapped file
+    pages went from 96 MiB to 32 as it neared the limit (read every 0.2 s, this machine). A margin
+    that followed them down would let the job grow into the pages its code still runs."""
+    from memd.planner import pool_for
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
+                            created=0.0, last_seen=0.0)
+
+    def margin(mapped, at):
+        cg = Cgroup(1, "/memd-bench", 2 * GiB, 2000 * MiB, reclaimable_bytes=mapped * MiB,
+                    mapped_file_bytes=mapped * MiB)
+        job = JobMemory(pid=7, processes=(), cgroup=cg, errors=(), monotonic=at, trainer_rss_bytes=900 * MiB)
+        return pool_for(session, host(), job, CFG).margin_bytes
+
+    assert margin(7, at=1.0) == 8 * MiB
+    assert margin(96, at=3.0) == margin(32, at=5.0) == int(0.01 * 2 * GiB)
 
 
 # The run that was killed at batch 43: five reports there, all from the lower mode.

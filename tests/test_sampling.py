@@ -104,6 +104,7 @@ def test_cgroup_v1_limit_usage_and_working_set(tmp_path):
     assert cg.working_set_bytes == 500000000 and cg.oom_kill_events == 2
     # Every file page, mapped or not, is what the kernel takes back before it kills.
     assert cg.reclaimable_bytes == 100000000 + 150000000
+    assert cg.mapped_file_bytes == 40000000  # of those, the ones a process maps (the job's code, budget.group_margin)
 
 
 def test_mapped_file_pages_are_reclaimable(tmp_path):
@@ -193,6 +194,7 @@ def test_cgroup_v2_parent_limit_binds_and_events_pressure(tmp_path):
     assert (cg.version, cg.limit_bytes, cg.high_bytes) == (2, 1073741824, 900000000)
     assert (cg.usage_bytes, cg.working_set_bytes) == (700000000, 550000000)
     assert cg.reclaimable_bytes == 150000000 + 30000000 and cg.shmem_bytes == 4000000
+    assert cg.mapped_file_bytes == 20000000
     assert (cg.oom_events, cg.oom_kill_events) == (2, 1)
     assert cg.pressure.some_avg10 == 0.125
 

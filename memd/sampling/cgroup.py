@@ -161,6 +161,7 @@ def _read_v1(mount: _Mount, cgpath: str) -> Cgroup:
         working_set_bytes=_working_set(usage, inactive),
         reclaimable_bytes=_reclaimable(stat, "total_active_file", "total_inactive_file"),
         shmem_bytes=stat.get("total_shmem", stat.get("shmem")),
+        mapped_file_bytes=stat.get("total_mapped_file", stat.get("mapped_file")),
         oom_kill_events=oom.get("oom_kill"),
     )
 
@@ -192,6 +193,7 @@ def _read_v2(mount: _Mount, cgpath: str) -> Cgroup:
         working_set_bytes=_working_set(usage, stat.get("inactive_file")),
         reclaimable_bytes=_reclaimable(stat, "active_file", "inactive_file"),
         shmem_bytes=stat.get("shmem"),
+        mapped_file_bytes=stat.get("file_mapped"),
         oom_events=events.get("oom"),
         oom_kill_events=events.get("oom_kill"),
         pressure=pressure,

@@ -45,6 +45,9 @@ class Cgroup:
     working_set_bytes: Optional[int] = None  # usage minus inactive file pages, as cAdvisor
     reclaimable_bytes: Optional[int] = None  # page cache the kernel reclaims before any kill (cgroup.py)
     shmem_bytes: Optional[int] = None  # shared memory (tmpfs, /dev/shm, memfd) charged to the group
+    # File pages charged to the group that a process maps (the job's code, when the group paid for
+    # reading it): reclaimable, but taken from a running job they come back as faults (budget.py)
+    mapped_file_bytes: Optional[int] = None
     oom_events: Optional[int] = None  # times the limit was hit and reclaim failed
     oom_kill_events: Optional[int] = None
     pressure: Optional[Pressure] = None  # v2 memory.pressure

@@ -340,7 +340,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
     within GROWTH_AHEAD if it passes it. Until then each may come to all the anonymous memory it
     maps (0.6 GiB where the benchmark's workers level near 0.31), and that projection only stops
     the batch from growing (controller._beside_workers): what cuts it is evidence (``evident``),
-    the most any worker reached this run and what the live ones hold and will add within
+    the most any worker reached this run (as two of its latest three reads show) and what the live ones hold and will add within
     GROWTH_AHEAD at a rate read over seconds (growth.RATE_SPAN). A level read off a course is a
     projection too, until a worker levels off. Fresh workers look cheap: taken at their own size, a loop that
     rebuilt its DataLoader at each change of batch was planned 342 beside four of them, and
@@ -385,7 +385,11 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level)
                 if memo.worker_level is None or told[:2] >= memo.worker_level[:2]:
                     memo.worker_level = told
-            memo.worker_reached = max(memo.worker_reached, held)
+            # What it reached: the middle of its latest three reads, as one read may catch it holding a
+            # batch's samples in its heap. Taken from any one read, a worker of the two-workers job
+            # read at 351.7 MiB beside the other's 343.6 cost both 8 MiB more for the rest of the
+            # run and cut its batch 605 -> 586.
+            memo.worker_reached = max(memo.worker_reached, statistics.median_low(r[2] for r in list(reads)[-3:]))
             seen.append((pid, held, one, bound))
         level = memo.worker_level[2] if memo.worker_level is not None else None
         ahead = copying = projected = evident = 0

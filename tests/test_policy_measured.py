@@ -879,7 +879,8 @@ def test_fresh_workers_below_the_level_cost_the_level_not_their_rate():
     workers, copying tens of MiB a second at that batch, were projected at their rate 10 s
     ahead: 0.39-0.53 GiB each. The batch went down to 250-500, up again, for the whole run,
     and ended at 542 of the 648 that fit. A worker below the job's level costs the level; one
-    that passes it, what it holds and will add. The rates here are the real worker's at batch 600
+    that passes it, what it holds and will add, from the second read that shows it there (one
+    read may catch a worker holding a batch's samples). The rates here are the real worker's at batch 600
     (tests/data/worker_growth.json: 135, 213, 256 MiB 2 s apart), after four at batch 64 levelled
     at 314."""
     import json
@@ -904,14 +905,16 @@ def test_fresh_workers_below_the_level_cost_the_level_not_their_rate():
     for at, workers in reads:
         levelled = read(at, workers, 8)
     assert 313 * MiB <= levelled.cost <= 320 * MiB
-    end = reads[-1][0]
+    end, past = reads[-1][0], 0
     for at, workers in traces["batch 600, 1 worker, 60 steps"][:14]:  # a rebuilt loader's two: 135 -> 332 MiB in 20 s
         fresh = read(end + at, workers * 2, 20)
         held = workers[0][1]
         if held < 314:  # below the level: its level (its rate once projected 295 MiB to 0.54 GiB)
             assert fresh.cost == levelled.cost, (at, held, fresh.cost // MiB)
-        else:  # past it: what it holds and will add
-            assert fresh.cost > held * MiB, (at, held, fresh.cost // MiB)
+        else:  # past it: what it holds and will add, once two reads show it there
+            past += 1
+            assert fresh.cost > held * MiB if past > 1 else fresh.cost >= levelled.cost, (at, held, fresh.cost // MiB)
+    assert past >= 3
 
 
 # Two workers at batch 600 in a 2 GiB group (bench/composition.py at dbb026b, a quiet machine):
@@ -1003,8 +1006,11 @@ def test_one_read_that_caught_a_worker_collating_does_not_cut():
     in its heap for a moment (bench/composition.py: 344-348 MiB between reads at 336-338), and a
     line drawn through its reads to that one raised both workers' cost for a plan: 0.36-0.39 GiB
     each in the plan reasons of the benchmark's runs, 0.32 before and after, and each such plan cut
-    the batch and rebuilt the loop's loader. What a worker reached counts at once; what a line
-    says it will reach, once two reads in a row say so."""
+    the batch and rebuilt the loop's loader; and that one read, as what a worker reached, cost
+    both workers its 10 MiB for the rest of the run (the benchmark's suggest run at 6d5dbc7: a
+    read at 351.7 MiB beside 343.6, cut 605 -> 586, where the bench's own reads every half second
+    saw both at 343). What a worker reached counts once two of its latest three reads show it;
+    what a line says it will reach, once two reads in a row say so."""
     read = two_workers_at_600()
     at = cpu = 0.0
     for _ in range(12):  # levelled: working, not growing
@@ -1013,7 +1019,7 @@ def test_one_read_that_caught_a_worker_collating_does_not_cut():
     assert settled.cost == 338 * MiB
     caught = read(at + 2.0, cpu + 0.5, [(348, 0), (338, 0)])
     after = read(at + 4.0, cpu + 1.0, [(337, 0), (338, 0)])
-    assert caught.cost == after.cost == 348 * MiB  # reached, not 348 plus 10 s of a line through it
+    assert caught.cost == after.cost == 338 * MiB  # neither the one read nor a line through it
     # Growth that lasts counts from the second read that shows it.
     grows = [read(at + 4.0 + 2 * i, cpu + 1.0 + 0.5 * i, [(337 + 10 * i, 0), (338, 0)]).cost for i in range(1, 4)]
     assert grows[0] < grows[1] < grows[2] and grows[2] > (337 + 30) * MiB

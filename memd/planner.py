@@ -332,24 +332,24 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
 
 
 def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
-    """The job's workers as the policy needs them. A worker that copies a Python-object dataset
-    as it reads it (seed 004) grows step by step and levels off at a copy of it, and the job's
-    workers all copy the same dataset: the job has one level. It is known once a worker has
-    levelled off, or has slowed enough for its course to tell (policy.growth.level_of, the most
-    worked worker's word); each worker then costs the job's level, or what it holds and will add
-    within GROWTH_AHEAD if it passes it. Until then each may come to all the anonymous memory it
-    maps (0.6 GiB where the benchmark's workers level near 0.31), and that projection only stops
-    the batch from growing (controller._beside_workers): what cuts it is evidence (``evident``),
-    the most any worker reached this run (as two of its latest three reads show) and what the
-    live ones hold and will add within GROWTH_AHEAD at a rate read over seconds (growth.RATE_SPAN).
-    A level read off a course is a projection too, until a worker levels off. Fresh workers look cheap: taken at their own size, a loop that
-    rebuilt its DataLoader at each change of batch was planned 342 beside four of them, and
-    killed at 526 when they grew; taken at the projection, the same loop was told batch 1 for
-    its whole run, where its workers copied too slowly to ever show their level. What the live
-    workers will add (``growth``) is held back from the batch's budget in a shared pool: a job
-    with four growing workers was planned a batch that fit at the time, and the workers' growth
-    killed it 8 steps later. ``running``: the workers its loader runs, as the median of the
-    counts read within the horizon."""
+    """The job's workers as the policy needs them. A worker that copies a Python-object dataset as
+    it reads it (seed 004) grows step by step and levels off at a copy of it, and the job's workers
+    all copy the same dataset: the job has one level. It is known once a worker has levelled off, or
+    has slowed enough for its course to tell (policy.growth.level_of, the most worked worker's
+    word); each worker then costs the job's level, or what it holds and will add within GROWTH_AHEAD
+    if it passes it. Until then each may come to all the anonymous memory it maps (0.6 GiB where the
+    benchmark's workers level near 0.31), and that projection only stops the batch from growing
+    (controller._beside_workers): what cuts it is evidence (``evident``), the most any worker
+    reached this run (as two of its latest three reads show) and what the live ones hold and will
+    add within GROWTH_AHEAD at a rate read over seconds (growth.RATE_SPAN). A level read off a
+    course is a projection too, until a worker levels off. Fresh workers look cheap: taken at their
+    own size, a loop that rebuilt its DataLoader at each change of batch was planned 342 beside four
+    of them, and killed at 526 when they grew; taken at the projection, the same loop was told batch
+    1 for its whole run, where its workers copied too slowly to ever show their level. What the live
+    workers will add (``growth``) is held back from the batch's budget in a shared pool: a job with
+    four growing workers was planned a batch that fit at the time, and the workers' growth killed it
+    8 steps later. ``running``: the workers its loader runs, as the median of the counts read within
+    the horizon."""
     memo = session.planner
     cpus: Optional[float]
     if job is not None and job.cpus:

@@ -141,9 +141,9 @@ s = client.Session("throttled", default_batch=4, timeout=1.0)
 s.plan()
 ballast = []
 limit = int(open(os.path.join(group, "memory.limit_in_bytes")).read())
-# The group all but full (under half its 16 MiB margin): memd's critical level for this job.
-while room() > 0.008 * limit:
-    block = bytearray(2 << 20)
+# The group all but full (under half its 8 MiB margin): memd's critical level for this job.
+while room() > 0.004 * limit:
+    block = bytearray(max(4096, min(2 << 20, room() - int(0.004 * limit) + 4096)))
     block[::4096] = b"x" * len(block[::4096])
     ballast.append(block)
 deadline = time.monotonic() + 10

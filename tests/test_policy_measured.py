@@ -25,10 +25,11 @@ def host(total=24 * GiB, available=23 * GiB):
                     system=SystemMemory(total, available, total - available, 0, 0), pressure=None, cgroup=None)
 
 
-def job_in_cgroup(usage_mib, rss_mib, reclaimable_mib=0, limit=GiB):
+def job_in_cgroup(usage_mib, rss_mib, reclaimable_mib=0, limit=GiB, mapped_mib=None, at=0.0):
     cg = Cgroup(1, "/memd-bench", limit, usage_mib * MiB, working_set_bytes=usage_mib * MiB,
-                reclaimable_bytes=reclaimable_mib * MiB)
-    return JobMemory(pid=7, processes=(), cgroup=cg, errors=(), monotonic=0.0, trainer_rss_bytes=rss_mib * MiB)
+                reclaimable_bytes=reclaimable_mib * MiB,
+                mapped_file_bytes=None if mapped_mib is None else mapped_mib * MiB)
+    return JobMemory(pid=7, processes=(), cgroup=cg, errors=(), monotonic=at, trainer_rss_bytes=rss_mib * MiB)
 
 
 def test_a_jobs_own_cgroup_keeps_no_os_reserve_and_a_small_margin():
@@ -72,9 +73,7 @@ def test_the_margin_in_a_jobs_own_cgroup_keeps_room_for_the_code_its_group_maps(
     (the group mapped 0-7 MiB), the floor is left: kernel memory, which rose 6.8 MiB as that job's
     loader forked four new workers beside the old ones."""
     def margin(mapped):
-        cg = Cgroup(1, "/memd-bench", 2 * GiB, 1800 * MiB, reclaimable_bytes=(mapped or 0) * MiB,
-                    mapped_file_bytes=None if mapped is None else mapped * MiB)
-        job = JobMemory(pid=7, processes=(), cgroup=cg, errors=(), monotonic=0.0, trainer_rss_bytes=900 * MiB)
+        job = job_in_cgroup(1800, 900, reclaimable_mib=mapped or 0, limit=2 * GiB, mapped_mib=mapped)
         return host_pool(host(), job, CFG).margin_bytes
 
     assert margin(94) == int(0.01 * 2 * GiB)
@@ -96,9 +95,7 @@ def test_the_margin_keeps_the_most_the_group_mapped_as_the_kernel_takes_it_back(
                             created=0.0, last_seen=0.0)
 
     def margin(mapped, at):
-        cg = Cgroup(1, "/memd-bench", 2 * GiB, 2000 * MiB, reclaimable_bytes=mapped * MiB,
-                    mapped_file_bytes=mapped * MiB)
-        job = JobMemory(pid=7, processes=(), cgroup=cg, errors=(), monotonic=at, trainer_rss_bytes=900 * MiB)
+        job = job_in_cgroup(2000, 900, reclaimable_mib=mapped, limit=2 * GiB, mapped_mib=mapped, at=at)
         return pool_for(session, host(), job, CFG).margin_bytes
 
     assert margin(7, at=1.0) == 8 * MiB

@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Collection, Dict, List, Optional, Tuple
 
 from memd.client.procstat import parse_stat
 
@@ -42,8 +42,9 @@ class Tree:
 
 
 def read_tree(pid: int, proc_root: str = "/proc", detail: bool = True,
-              gpu_bytes: Optional[Dict[int, Optional[int]]] = None) -> Tree:
-    """The process ``pid`` and all its descendants, parents before children.
+              gpu_bytes: Optional[Dict[int, Optional[int]]] = None, skip: Collection[int] = ()) -> Tree:
+    """The process ``pid`` and all its descendants, parents before children, but for those in
+    ``skip`` and theirs.
 
     ``detail`` reads smaps_rollup (PSS/USS); without it only RSS from statm (10x cheaper).
     ``gpu_bytes`` maps pid -> GPU memory from NVML, attached to the matching processes.
@@ -58,7 +59,7 @@ def read_tree(pid: int, proc_root: str = "/proc", detail: bool = True,
     seen = set()
     while queue and len(processes) < MAX_PROCESSES:
         current = queue.popleft()
-        if current in seen:
+        if current in seen or (current in skip and current != pid):
             continue
         seen.add(current)
         try:

@@ -5,6 +5,7 @@ process tree (PSS/USS, ~0.2 ms a process) only when asked for, through ``job``.
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
@@ -89,7 +90,9 @@ class Sampler:
     def job(self, pid: int, gpus: Sequence[Gpu] = (), detail: bool = True) -> JobMemory:
         """A job's tree and cgroup; a vanished job comes back with no processes, not an error."""
         errors: Errors = []
-        tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=gpu_bytes_by_pid(gpus))
+        # Not the daemon itself: a job that started it (a test, a notebook) would count it as a worker.
+        skip = (os.getpid(),) if self.proc_root == "/proc" else ()
+        tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=gpu_bytes_by_pid(gpus), skip=skip)
         errors.extend(tree.errors)
         cg, rss = self._paired(pid, errors) if tree.processes else (None, None)
         return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock(),

@@ -150,8 +150,10 @@ def test_the_first_step_is_a_warm_up():
 def test_small_moves_do_not_change_the_batch():
     """Each change of batch cost the GPT job memory (a creep 36 -> 38 -> 39 -> 40 peaked 6 %
     higher than a jump), and a run of small moves down (604 600 598 579 604 594 592 587) sent the
-    CNN job's peaks from 991 to 1121 MiB, at its kill line: growth under min_gain waits, and a
-    move down goes at least min_gain below the batch."""
+    CNN job's peaks from 991 to 1121 MiB, at its kill line, both with glibc's heap as the job left
+    it: growth under min_gain waits. With the heap held steady (memd.client.heap), six small
+    moves around 700 raised the CNN's peak there by 6 MiB (1060 -> 1066, 1 MiB a sample), so a
+    move down goes where the job fits, not min_gain below it."""
     curve = Curve(330 * MiB, 18 * MiB, "fit", 5, 1.0, kills=True)  # the job's measured line, in a cgroup
 
     def plan(current, fits):
@@ -162,7 +164,7 @@ def test_small_moves_do_not_change_the_batch():
 
     assert plan(38, 39).batch_size == 38 and "not worth a change" in plan(38, 39).reason
     assert plan(38, 40).batch_size == 40  # 5 %: worth it
-    assert plan(38, 37).batch_size == 36 and "down to 36" in plan(38, 37).reason  # at once, and decisively
+    assert plan(38, 37).batch_size == 37 and "down to 37: 38 fits no longer" in plan(38, 37).reason  # at once
     assert plan(38, 30).batch_size == 30  # a larger drop goes straight to what fits
 
 
@@ -197,9 +199,9 @@ def test_a_batch_that_stopped_fitting_is_not_tried_again_while_the_pool_stands()
     plan, state = step(ControlState(batch=40), fits=39, reported=36)  # no step at 40 yet: no evidence
     assert plan.batch_size == 39 and state.cap is None
     plan, state = step(ControlState(batch=40), fits=39)  # the job's steps at 40
-    assert plan.batch_size == 38 and state.cap[:2] == (40, 38) and "down to 38" in plan.reason
-    plan, state = step(state, fits=40)  # low reports at 38 make 40 look possible again
-    assert plan.batch_size == 38 and "40 stopped fitting this run" in plan.reason
+    assert plan.batch_size == 39 and state.cap[:2] == (40, 39) and "down to 39" in plan.reason
+    plan, state = step(state, fits=40)  # low reports at 39 make 40 look possible again
+    assert plan.batch_size == 39 and "40 stopped fitting this run" in plan.reason
     plan, state = step(state, fits=40, grown=0.05)  # another job left: the pool grew
     assert plan.batch_size > 40 and state.cap is None
     # On a GPU an overshoot is a catchable error with its own ceiling, and a high report there is

@@ -20,7 +20,7 @@ from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.frozen import evolve
-from memd.policy.growth import RATE_SPAN, growth, keep
+from memd.policy.growth import COURSE_ERROR, RATE_SPAN, growth, keep
 from memd.policy.pressure import rank
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
 from memd.sessions import KEY_OWNER, OWNER, SessionRecord
@@ -245,7 +245,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     pool = steadied(pool_for(session, snapshot, job, cfg), session, job)
     workers = worker_facts(session, job, cfg)
     if pool.kind == DISCRETE:
-        workers = replace(workers, growth=0)  # workers grow in host memory, not on the GPU
+        workers = replace(workers, growth=0, count_held=True)  # workers grow in host memory, not on the GPU
     others = neighbours(session, pool.name, sessions, snapshot.monotonic)
     pool = pool.with_reserved(others.growth + workers.growth)
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
@@ -382,7 +382,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             bound = proc.anon_bytes if proc.anon_bytes is not None else rss
             one = growth(reads, bound, cfg.worker_horizon_seconds, course)
             if one.level is not None:  # a levelled worker's word on the job's level, else the most worked one's
-                told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level)
+                told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level,
+                        session.latest_batch)
                 if memo.worker_level is None or told[:2] >= memo.worker_level[:2]:
                     memo.worker_level = told
             # What it reached: the middle of its latest three reads, as one read may catch it holding a
@@ -392,6 +393,11 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             memo.worker_reached = max(memo.worker_reached, statistics.median_low(r[2] for r in list(reads)[-3:]))
             seen.append((pid, held, one, bound))
         level = memo.worker_level[2] if memo.worker_level is not None else None
+        levelled = memo.worker_level is not None and memo.worker_level[0]
+        # Read off a course, the level may lie COURSE_ERROR low: growth goes by its upper end. In
+        # 2 GiB beside four workers, 4 % low (a course read 306.8 MiB) let a batch of 155-161 where
+        # 138 fits, and the cuts that followed rebuilt the loop's loader every 30-60 s.
+        upper = None if level is None else level if levelled else int(level * (1 + COURSE_ERROR))
         ahead = copying = projected = evident = 0
         for pid, held, one, bound in seen:
             # What it adds within GROWTH_AHEAD at its rate; a fresh fork's first burst is no course,
@@ -403,10 +409,10 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 # while it copies fastest, is no line to draw past it.
                 soon = min(soon, level - held)
             copying += rushing
-            if level is not None:
+            if upper is not None:
                 # The workers copy the same dataset: each costs the job's level, or more as it passes it
                 # (a fresh one's own course, a burst, once read 0.49 GiB where they level at 0.31).
-                memo.worker_projected[pid] = max(level, held + soon)
+                memo.worker_projected[pid] = max(upper, held + soon)
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
             evident = max(evident, held + soon)
@@ -425,11 +431,10 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # Read off a course, a level is still a projection (it erred 3-8 % high on the recorded
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.
-        levelled = memo.worker_level is not None and memo.worker_level[0]
         memo.worker_evident = 0 if levelled else max(memo.worker_reached, evident)
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
-        memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0))
+        memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0, session.latest_batch or 0))
     since = job.monotonic - cfg.worker_horizon_seconds if job is not None else math.inf
     recent = [n for at, n in memo.worker_counts if at >= since]
     return WorkerFacts(cpus=cpus, uss=uss, cost=memo.worker_cost or None, batch_bytes=session.batch_bytes,
@@ -439,7 +444,12 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        growth=memo.worker_growth if job is not None else 0,
                        copying=memo.worker_copying if job is not None else 0, follows=session.follows_workers,
                        queued=memo.queued[-1][1] if job is not None and memo.queued else 0,
-                       queued_high=max((q for at, q in memo.queued if at >= since), default=0),
+                       queued_high=max((q for at, q, _ in memo.queued if at >= since), default=0),
+                       queued_per_sample=max((q / b for at, q, b in memo.queued if at >= since and b), default=0.0),
+                       level_batch=memo.worker_level[3] if memo.worker_level is not None else None,
+                       batch_size=session.latest_batch if session.batch_bytes else None,
+                       count_held=job is None or len(memo.worker_counts) >= 2 and
+                       memo.worker_counts[-1][1] == memo.worker_counts[-2][1],
                        level=memo.worker_level[2] if memo.worker_level is not None else None,
                        levelled=memo.worker_level is not None and memo.worker_level[0])
 

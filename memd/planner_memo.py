@@ -25,13 +25,13 @@ class PlannerMemo:
     # Where this job's workers level off: (levelled, CPU seconds, bytes), a worker that levelled
     # before one read off a course (growth.level_of), and the one that had done the most work;
     # None until one has slowed enough to tell.
-    worker_level: Optional[Tuple[bool, float, int]] = None
+    worker_level: Optional[Tuple[bool, float, int, Optional[int]]] = None  # ..., the batch the job ran then
     worker_evident: int = 0  # one worker's cost from evidence alone, until a worker levelled off
     workers_read: Optional[float] = None  # the job read they were last updated from
     worker_counts: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
-    # (job read's monotonic time, shared memory its group holds that none of its processes maps):
-    # the batches on their way from its workers (controller._queue)
-    queued: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
+    # (job read's monotonic time, shared memory its group holds that none of its processes maps,
+    # the batch the job ran): the batches on their way from its workers (controller._queue)
+    queued: Deque[Tuple[float, int, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
     # (job read's monotonic time, capacity, free + what the trainer holds, the workers' own memory)
     # of a host pool's reads: the last two for planner.steadied, those within the horizon for
     # planner.room_dip

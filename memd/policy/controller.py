@@ -73,6 +73,14 @@ class WorkerFacts:
     # read off a worker's course): shown, not planned on (cost and evident carry it).
     level: Optional[int] = None
     levelled: bool = False
+    # What grows with the batch beside the workers (_per_sample): the most the queue held per
+    # sample of the batch the job ran within the horizon, and the batch the level was read at.
+    queued_per_sample: float = 0.0
+    level_batch: Optional[int] = None
+    batch_size: Optional[int] = None  # the batch whose tensors batch_bytes measured
+    # The latest two reads of the job counted as many workers: False while its loader starts or
+    # replaces them (and on the first read), when the count says nothing of what it will run.
+    count_held: bool = True
 
 
 @dataclass(frozen=True)
@@ -136,7 +144,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     as_they_are = None  # the budget beside workers if they stopped growing now (their growth is held back in it)
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
         as_they_are = budget + workers.growth if workers.uss else None
-        budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip)
+        budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip, current or latest_batch)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
@@ -233,6 +241,12 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
     150 steps left)."""
     if unproven is not None and unproven <= current and limit < current and reason.startswith("probing"):
         return current, _still_copying(current, workers)
+    if limit > current and workers.uss and not workers.count_held:
+        # The benchmark's loop, read as its loader forked the first of its four workers, was
+        # planned 32 -> 66 -> 132 beside that one; at 132 its four fresh workers copied 27 MiB a
+        # second each, and their growth cut it to 1, where they copy too slowly to show their level.
+        return current, "keeping %d: its loader is starting its workers, and growth waits until their number " \
+            "holds" % current
     if unproven is not None and limit > max(current, unproven):
         # Capped below min_gain, the move is not worth the rebuild: the benchmark's loop went
         # 120 -> 122 on it, and its four workers started their copies over.
@@ -427,8 +441,21 @@ def _queue(limits: Limits, facts: WorkerFacts) -> Tuple[int, int]:
     return facts.queued, facts.queued_high // running
 
 
+def _per_sample(limits: Limits, facts: WorkerFacts) -> float:
+    """The bytes one sample adds to each worker's share beside the batch: it builds each batch
+    from the samples it holds, then queues prefetch_factor batches on their way to the trainer.
+    Read off the queue, or the batch's size a loader reports: the four-worker job's workers
+    levelled at 311 MiB building batches of 32 and at 315 building 120 (32 KiB a sample), and
+    their queue held 8 MiB at 32 and 30-34 at 138, where they were costed as at 32 and the job
+    grew 38 MiB past what the costs said (30 samples; 138 is 7 MiB below its kill line)."""
+    asked = limits.prefetch_factor or 2
+    if facts.batch_bytes and facts.batch_size:
+        return facts.batch_bytes / facts.batch_size
+    return facts.queued_per_sample / (max(1, _running(facts)) * asked)
+
+
 def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int,
-                    dip: int = 0) -> Tuple[int, Optional[int], Optional[int]]:
+                    dip: int = 0, batch: Optional[int] = None) -> Tuple[int, Optional[int], Optional[int]]:
     """(the batch's budget, the workers kept beside it, None before a worker is measured; the
     largest batch the workers' projection allows, where it stops growth but may not cut).
 
@@ -455,16 +482,30 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     room = budget + facts.growth + sum(facts.uss) + queued  # with no worker: all of theirs comes back
     half = max(limits.min_batch, curve.max_batch(room) // 2)
 
-    def left(kept: int, each: int) -> int:
-        # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them.
-        asked = limits.prefetch_factor or 2
+    asked = limits.prefetch_factor or 2
+    sample = _per_sample(limits, facts)
+
+    def left(kept: int, each: int, b: int) -> int:
+        # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them. At a
+        # batch larger than the one its level was read at, it holds more samples as it builds one.
         prefetch = asked if kept == wanted else 1
-        in_flight = prefetch * facts.batch_bytes if facts.batch_bytes else share * prefetch // asked
-        return room - kept * (each + in_flight)
+        if not sample:
+            in_flight = prefetch * facts.batch_bytes if facts.batch_bytes else share * prefetch // asked
+            return room - kept * (each + in_flight)
+        grown = sample * max(0, b - (facts.level_batch or b))
+        return int(room - kept * (each + grown + prefetch * sample * b))
+
+    def beside_them(kept: int, each: int, less: int = 0) -> int:
+        """The batch's budget beside ``kept`` workers of ``each``: their share at the largest
+        batch that fits beside them (``less``: held back from it too)."""
+        if not sample:
+            return left(kept, each, 0) - less
+        fits = largest(lambda b: curve.max_batch(left(kept, each, b) - less) >= b, near=batch or None)
+        return left(kept, each, max(1, fits)) - less
 
     # A bisection, not a count down: the hint is the client's number, and 10**12 froze the daemon.
-    kept = wanted if curve.max_batch(left(wanted, per_worker)) >= half else \
-        largest(lambda k: k < wanted and curve.max_batch(left(k, per_worker)) >= half)
+    kept = wanted if curve.max_batch(beside_them(wanted, per_worker)) >= half else \
+        largest(lambda k: k < wanted and curve.max_batch(beside_them(k, per_worker)) >= half)
     # The batch goes beside the workers that live, if more than those kept: a loop with its own
     # DataLoader keeps the workers it built whatever the plan says (the benchmark's job that kept
     # its 4 was planned a batch beside 1 and killed). A loader that follows the plan shuts the
@@ -474,13 +515,13 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     beside = kept if facts.follows else max(kept, _running(facts))
     if not beside:
         return budget, 0, None
-    projected = min(budget, left(beside, per_worker))
+    projected = min(budget, beside_them(beside, per_worker))
     if facts.evident is None:
         return projected, kept, None
     # Growth goes beside the workers of the latest read too, if more: a loader's workers start
     # over a second, and in the first the median of the counts was 1 of 4 (a probe went 32 -> 130).
-    starting = min(budget, left(max(beside, facts.newest or 0), per_worker))
-    return min(budget, left(beside, facts.evident)), kept, curve.max_batch(starting - dip)
+    starting = min(budget - dip, beside_them(max(beside, facts.newest or 0), per_worker, dip))
+    return min(budget, beside_them(beside, facts.evident)), kept, curve.max_batch(starting)
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],

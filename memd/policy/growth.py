@@ -34,6 +34,12 @@ LEVEL_SLOPE, LEVEL_WORK = 0.005, 1.0
 # job's level it was taken at its rate, 35 MiB within 10 s, where it added some 12, and the
 # batch was cut to 579. Its course says 340; the run's workers levelled at 336-343.
 SLOWED, GREW = 0.5, 0.05
+# How far below where its workers level off a level read off a course may lie: on the recorded
+# traces (tests/data/worker_growth.json) level_of read -0.3 % to +4.7 % of the level with 80-95 %
+# of it copied, but in the benchmark's loops, whose rebuilt workers were first read late in their
+# copying, it read 288-324 MiB where they level at 313-315 (-8 % to +3 %). Growth beside workers
+# goes by the level this much higher until one of them levels off (planner.worker_facts).
+COURSE_ERROR = 0.08
 COURSE = 32  # points of a worker's course kept (thinned to every other one when full)
 # A rate read over less than RATE_SPAN seconds is a fresh fork's first burst, not its course: the
 # benchmark's four workers at batch 32 went from 2 to 34 MiB in their first 0.2 s (prefetching

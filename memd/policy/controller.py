@@ -486,9 +486,11 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     sample = _per_sample(limits, facts)
 
     def left(kept: int, each: int, b: int) -> int:
-        # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them. At a
-        # batch larger than the one its level was read at, it holds more samples as it builds one.
-        prefetch = asked if kept == wanted else 1
+        # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them, in a
+        # loader that follows the plan (a loop's own keeps its own: the benchmark's four, costed at
+        # one batch each beside the two memd would keep, queued eight). At a batch larger than the
+        # one its level was read at, a worker holds more samples as it builds one.
+        prefetch = asked if kept == wanted or not facts.follows else 1
         if not sample:
             in_flight = prefetch * facts.batch_bytes if facts.batch_bytes else share * prefetch // asked
             return room - kept * (each + in_flight)

@@ -448,8 +448,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        queued_per_sample=max((q / b for at, q, b in memo.queued if at >= since and b), default=0.0),
                        level_batch=memo.worker_level[3] if memo.worker_level is not None else None,
                        batch_size=session.latest_batch if session.batch_bytes else None,
-                       count_held=job is None or len(memo.worker_counts) >= 2 and
-                       memo.worker_counts[-1][1] == memo.worker_counts[-2][1],
+                       count_held=job is None or (len(memo.worker_counts) >= 2 and
+                                                  memo.worker_counts[-1][1] == memo.worker_counts[-2][1]),
                        level=memo.worker_level[2] if memo.worker_level is not None else None,
                        levelled=memo.worker_level is not None and memo.worker_level[0])
 

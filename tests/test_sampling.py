@@ -283,6 +283,28 @@ def test_process_tree_separates_shared_from_own_memory():
         parent.wait()
 
 
+def test_a_job_that_started_the_daemon_does_not_count_it_among_its_processes():
+    """A test or a notebook that starts `memd serve` and opens a session for its own pid: the
+    daemon is its child, and was read as one of its dataloader workers. The job's tree leaves
+    out the daemon's process and what it started."""
+    daemon = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], start_new_session=True)
+    try:
+        for _ in range(100):  # until the shell has started its sleep
+            if procs.children(daemon.pid):
+                break
+            time.sleep(0.01)
+        sleeper = procs.children(daemon.pid)
+        assert sleeper
+        whole = procs.read_tree(os.getpid()).pids
+        assert daemon.pid in whole and sleeper[0] in whole
+        skipped = procs.read_tree(os.getpid(), skip=(daemon.pid,)).pids
+        assert os.getpid() in skipped and daemon.pid not in skipped and sleeper[0] not in skipped
+        assert procs.read_tree(daemon.pid, skip=(daemon.pid,)).pids[0] == daemon.pid  # the job itself stays
+    finally:
+        os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait()
+
+
 def test_vanished_process_is_a_partial_answer_not_an_exception():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()

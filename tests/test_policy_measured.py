@@ -1178,3 +1178,30 @@ def test_what_grows_with_the_batch_beside_workers_is_counted():
     # A loader that reports its batch's size gives the sample's bytes itself.
     told = WorkerFacts(batch_bytes=4 * MiB, batch_size=128, queued_per_sample=1.0)
     assert _per_sample(Limits(), told) == 32 * 1024
+
+
+def test_before_its_workers_level_off_a_loop_grows_only_by_a_move_worth_their_copying_again():
+    """The four-workers loop keeps its own DataLoader and rebuilds it at each change of batch.
+    Its workers' course read 313.5 MiB, and counted 8 % above (338.6 MiB each) it left room for a
+    few samples at a time: the plan went 32 -> 33 -> 34 -> 37 -> 39 -> 41 -> 45 -> 47 over 130 s,
+    every move a rebuild whose fresh workers copied the dataset again, and none levelled off in
+    the run (47 of the 138 that fit). Until one does, growth must gain a quarter."""
+    from memd.policy.budget import Pool
+
+    uss = (300, 300, 300, 303)  # 54 s in, batch 32, the group 1.8 GiB of its 2
+    pool = Pool("host", "cpu", 2 * GiB, (2048 - 1805) * MiB, 733 * MiB, 8 * MiB).with_reserved(53 * MiB)
+
+    def plan(levelled, follows=False):
+        facts = WorkerFacts(cpus=2, uss=tuple(u * MiB for u in uss), cost=338 * MiB,
+                            evident=None if levelled else 312 * MiB, running=4,
+                            newest=4, growth=53 * MiB, queued=8 * MiB, queued_high=8 * MiB,
+                            queued_per_sample=8 * MiB / 32, level=313 * MiB, levelled=levelled, level_batch=32,
+                            follows=follows)
+        return decide(fit(STARTING[:2], kills=True), pool, Limits(), ControlState(batch=32), "ok", CFG,
+                      workers=facts, latest_batch=32, latest_peak=733 * MiB).plan
+
+    waiting = plan(levelled=False)
+    assert waiting.batch_size == 32 and "until its workers level off growth waits for a gain of 25 %" in \
+        waiting.reason, waiting.reason
+    assert plan(levelled=True).batch_size > 32  # with the level shown, the small move is sure
+    assert plan(levelled=False, follows=True).batch_size > 32  # a loader that follows the plan keeps its workers

@@ -241,6 +241,15 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
     150 steps left)."""
     if unproven is not None and unproven <= current and limit < current and reason.startswith("probing"):
         return current, _still_copying(current, workers)
+    if (limit > current and workers.uss and not workers.levelled and not workers.follows
+            and limit < current * (1 + BEFORE_LEVEL_GAIN)):
+        # A loop that keeps its own DataLoader rebuilds it at each change of batch, and its fresh
+        # workers copy their dataset again: until one levels off, a small move only puts off the
+        # level the last move is planned on. Four workers' course read 313.5 MiB, and 8 % above
+        # it left the loop room for a few samples at a time: it went 32 -> 33 -> 34 -> 37 -> 39
+        # -> 41 -> 45 -> 47 over 130 s, a rebuild each, and its workers never levelled off.
+        return current, "keeping %d: %d would fit, but until its workers level off growth waits for a gain of %.0f " \
+            "%% (each change of batch starts their copying over)" % (current, limit, 100 * BEFORE_LEVEL_GAIN)
     if limit > current and workers.uss and not workers.count_held:
         # The benchmark's loop, read as its loader forked the first of its four workers, was
         # planned 32 -> 66 -> 132 beside that one; at 132 its four fresh workers copied 27 MiB a
@@ -404,6 +413,9 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
 
 # Workers about to add more than this share of what they cost together are still growing.
 SETTLED = 0.1
+# Until a worker levels off, growth beside workers that a change of batch restarts must gain this
+# much (_growth_beside_workers).
+BEFORE_LEVEL_GAIN = 0.25
 
 # Seed 000's worker table for unified machines, used before any worker is measured.
 _UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))

@@ -382,8 +382,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             bound = proc.anon_bytes if proc.anon_bytes is not None else rss
             one = growth(reads, bound, cfg.worker_horizon_seconds, course)
             if one.level is not None:  # a levelled worker's word on the job's level, else the most worked one's
-                told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level,
-                        session.latest_batch)
+                told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level)
                 if memo.worker_level is None or told[:2] >= memo.worker_level[:2]:
                     memo.worker_level = told
             # What it reached: the middle of its latest three reads, as one read may catch it holding a
@@ -446,7 +445,6 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        queued=memo.queued[-1][1] if job is not None and memo.queued else 0,
                        queued_high=max((q for at, q, _ in memo.queued if at >= since), default=0),
                        queued_per_sample=max((q / b for at, q, b in memo.queued if at >= since and b), default=0.0),
-                       level_batch=memo.worker_level[3] if memo.worker_level is not None else None,
                        batch_size=session.latest_batch if session.batch_bytes else None,
                        count_held=job is None or (len(memo.worker_counts) >= 2 and
                                                   memo.worker_counts[-1][1] == memo.worker_counts[-2][1]),

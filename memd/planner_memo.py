@@ -22,10 +22,10 @@ class PlannerMemo:
     worker_cost: int = 0
     worker_growth: int = 0  # what the live workers are projected to add
     worker_copying: int = 0  # the same, with a fresh fork's first burst
-    # Where this job's workers level off: (levelled, CPU seconds, bytes, the batch the job ran
-    # then), a worker that levelled before one read off a course (growth.level_of), and the one
-    # that had done the most work; None until one has slowed enough to tell.
-    worker_level: Optional[Tuple[bool, float, int, Optional[int]]] = None
+    # Where this job's workers level off: (levelled, CPU seconds, bytes), a worker that levelled
+    # before one read off a course (growth.level_of), and the one that had done the most work;
+    # None until one has slowed enough to tell.
+    worker_level: Optional[Tuple[bool, float, int]] = None
     worker_evident: int = 0  # one worker's cost from evidence alone, until a worker levelled off
     workers_read: Optional[float] = None  # the job read they were last updated from
     worker_counts: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))

@@ -1161,7 +1161,7 @@ def test_what_grows_with_the_batch_beside_workers_is_counted():
 
     def decided(per_sample):
         facts = WorkerFacts(cpus=2, uss=(312 * MiB,) * 4, cost=312 * MiB, running=4, newest=4, level=312 * MiB,
-                            levelled=True, level_batch=32, queued=8 * MiB, queued_high=8 * MiB,
+                            levelled=True, queued=8 * MiB, queued_high=8 * MiB,
                             queued_per_sample=per_sample)
         return decide(curve, pool, Limits(), ControlState(batch=32), "ok", CFG, workers=facts, latest_batch=32,
                       latest_peak=733 * MiB), facts
@@ -1171,7 +1171,8 @@ def test_what_grows_with_the_batch_beside_workers_is_counted():
     b = after.plan.batch_size
     assert b < before.plan.batch_size
     # The batch's budget leaves each worker its level, the samples it holds past batch 32 and
-    # its two batches queued, at the batch planned: 4 x (312 + 0.03 x (b - 32) + 2 x 0.03 x b).
+    # its two batches queued, at the batch planned: 4 x (312 + 0.03 x (b - 32) + 2 x 0.03 x b)
+    # (its level, read at 32, is what it holds there).
     each = 312 * MiB + 32 * 1024 * (b - 32) + 2 * 32 * 1024 * b
     assert after.budget_bytes == room - 4 * each, (after.budget_bytes / MiB, (room - 4 * each) / MiB)
     assert curve.max_batch(after.budget_bytes) == b <= 138  # the batch that ran beside four copied workers
@@ -1195,7 +1196,7 @@ def test_before_its_workers_level_off_a_loop_grows_only_by_a_move_worth_their_co
         facts = WorkerFacts(cpus=2, uss=tuple(u * MiB for u in uss), cost=338 * MiB,
                             evident=None if levelled else 312 * MiB, running=4,
                             newest=4, growth=53 * MiB, queued=8 * MiB, queued_high=8 * MiB,
-                            queued_per_sample=8 * MiB / 32, level=313 * MiB, levelled=levelled, level_batch=32,
+                            queued_per_sample=8 * MiB / 32, level=313 * MiB, levelled=levelled,
                             follows=follows)
         return decide(fit(STARTING[:2], kills=True), pool, Limits(), ControlState(batch=32), "ok", CFG,
                       workers=facts, latest_batch=32, latest_peak=733 * MiB).plan
@@ -1205,3 +1206,33 @@ def test_before_its_workers_level_off_a_loop_grows_only_by_a_move_worth_their_co
         waiting.reason, waiting.reason
     assert plan(levelled=True).batch_size > 32  # with the level shown, the small move is sure
     assert plan(levelled=False, follows=True).batch_size > 32  # a loader that follows the plan keeps its workers
+
+
+def test_what_a_worker_reached_at_the_batch_it_runs_is_not_grown_again():
+    """The four-workers loop at fa10546, levelled at 311.8 MiB at batch 32, ran 119-121, where its
+    workers reached 320.5 MiB. Counted from the batch its level was read at, each was costed
+    320.5 + 87 samples x 32 KiB, 2.8 MiB more than it holds, and the plan went 119 -> 102. At the
+    batch it runs, a worker costs what it reached there; past it, the samples it adds."""
+    from memd.policy.budget import Pool
+
+    curve = fit([Observation(32, 733 * MiB, warmup=True), Observation(32, 733 * MiB),
+                 Observation(112, 816 * MiB, settling=True), Observation(112, 817 * MiB),
+                 Observation(121, 821 * MiB, settling=True), Observation(121, 822 * MiB),
+                 Observation(119, 831 * MiB, settling=True), Observation(119, 831 * MiB)], kills=True)
+    pool = Pool("host", "cpu", 2 * GiB, (2048 - 2002) * MiB, 815 * MiB, 8 * MiB)
+    sample = 32 * 1024
+    facts = WorkerFacts(cpus=2, uss=(318 * MiB, 316 * MiB, 317 * MiB, 319 * MiB), cost=int(320.5 * MiB), running=4,
+                        newest=4, level=int(311.8 * MiB), levelled=True, queued=28 * MiB, queued_high=30 * MiB,
+                        queued_per_sample=sample * 8)
+    decision = decide(curve, pool, Limits(), ControlState(batch=119), "ok", CFG, workers=facts, latest_batch=119,
+                      latest_peak=831 * MiB)
+    room = pool.budget(831 * MiB) + sum(facts.uss) + 28 * MiB
+
+    def budget_at(b):  # each worker at what it reached, its two batches queued, the samples it adds past 119
+        return room - 4 * (int(320.5 * MiB) + sample * max(0, b - 119) + 2 * sample * b)
+
+    # The budget is the one at the largest batch that fits beside them (the plan stays at 119).
+    fits = [b for b in range(100, 200) if budget_at(b) == decision.budget_bytes]
+    assert fits and curve.max_batch(decision.budget_bytes) == fits[0] >= decision.plan.batch_size == 119, (
+        decision.budget_bytes / MiB, budget_at(119) / MiB)
+    assert decision.budget_bytes > budget_at(119) - 4 * sample * 87  # not grown from the level's batch, 32

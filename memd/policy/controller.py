@@ -74,9 +74,8 @@ class WorkerFacts:
     level: Optional[int] = None
     levelled: bool = False
     # What grows with the batch beside the workers (_per_sample): the most the queue held per
-    # sample of the batch the job ran within the horizon, and the batch the level was read at.
+    # sample of the batch the job ran within the horizon.
     queued_per_sample: float = 0.0
-    level_batch: Optional[int] = None
     batch_size: Optional[int] = None  # the batch whose tensors batch_bytes measured
     # The latest two reads of the job counted as many workers: False while its loader starts or
     # replaces them (and on the first read), when the count says nothing of what it will run.
@@ -458,8 +457,8 @@ def _per_sample(limits: Limits, facts: WorkerFacts) -> float:
     from the samples it holds, then queues prefetch_factor batches on their way to the trainer.
     Read off the queue, or the batch's size a loader reports: the four-worker job's workers
     levelled at 311 MiB building batches of 32 and at 315 building 120 (32 KiB a sample), and
-    their queue held 8 MiB at 32 and 30-34 at 138, where they were costed as at 32 and the job
-    grew 38 MiB past what the costs said (30 samples; 138 is 7 MiB below its kill line)."""
+    their queue held 8 MiB at 32 and 30-34 at 138: costed as at 32, the job would grow 38 MiB
+    past what the costs said by 138 (30 samples; 138 is 7 MiB below its kill line)."""
     asked = limits.prefetch_factor or 2
     if facts.batch_bytes and facts.batch_size:
         return facts.batch_bytes / facts.batch_size
@@ -506,7 +505,10 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         if not sample:
             in_flight = prefetch * facts.batch_bytes if facts.batch_bytes else share * prefetch // asked
             return room - kept * (each + in_flight)
-        grown = sample * max(0, b - (facts.level_batch or b))
+        # What a worker holds was read at the batch the job runs: past it, it holds more samples
+        # as it builds a batch. (Counted from the batch its level was read at, four workers that
+        # reached 320 MiB at 119 were costed 323 there, and the plan went 119 -> 102.)
+        grown = sample * max(0, b - (batch or b))
         return int(room - kept * (each + grown + prefetch * sample * b))
 
     def beside_them(kept: int, each: int, less: int = 0) -> int:

@@ -377,12 +377,24 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
     return result
 
 
+def cpu_model() -> Optional[str]:
+    """The processor's name: machines of one kind differ in it, and a step's seconds with them (the
+    GPT job's step at 47 took 1 s on one, 10 s on another, whose products of subnormal numbers
+    were 120 times slower than of normal ones)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
+
+
 def machine_meta() -> Dict:
     """What a result was measured on and at which commit (every real-job benchmark's results.json)."""
     import torch
     return {"machine": "%s, %d cores, %.0f GiB, kernel %s" % (
                 platform.machine(), os.cpu_count(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GiB,
                 platform.release()),
+            "cpu": cpu_model(),
             "python": platform.python_version(), "torch": torch.__version__,
             "cgroup": "v1" if os.path.isdir("/sys/fs/cgroup/memory") else "v2",
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

@@ -348,6 +348,10 @@ def test_workers_follow_measured_cost_and_seed_table():
     absurd = decide(curve, shared, Limits(num_workers=10 ** 12), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB,
                     latest_batch=8, workers=WorkerFacts(uss=(4 * GB, 4 * GB)), host_total_bytes=128 * GB)
     assert (absurd.plan.num_workers, absurd.plan.batch_size) == (4, d.plan.batch_size)
+    # A job that asked for no count is not told it asked for one: the 8 are one per CPU it may use.
+    unasked = decide(curve, shared, Limits(), ControlState(batch=8), "ok", CFG, latest_peak=10 * GB, latest_batch=8,
+                     workers=WorkerFacts(uss=(4 * GB, 4 * GB), cpus=8.0), host_total_bytes=128 * GB)
+    assert "4 of the 8 workers for its CPUs, at 3.73 GiB each" in unasked.plan.reason, unasked.plan.reason
     roomy = decide(curve, shared, Limits(num_workers=2, prefetch_factor=4), ControlState(batch=8), "ok", CFG,
                    latest_peak=10 * GB, latest_batch=8, workers=WorkerFacts(uss=(GB, GB)), host_total_bytes=128 * GB)
     assert (roomy.plan.num_workers, roomy.plan.prefetch_factor) == (2, 4)  # room: the job's own choice

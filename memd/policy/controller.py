@@ -553,8 +553,11 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
     per_worker = _per_worker(facts)
     if kept is not None and per_worker is not None:  # a pool shared with the batch: decided with it (_beside_workers)
         if kept < wanted:
-            note = "%d of the %d workers asked for, at %.2f GiB each, beside the batch; prefetch 1" % (
-                kept, wanted, (per_worker + (facts.batch_bytes or 0)) / GiB)
+            # Say where the count came from: a job that asked for none was told "1 of the 2
+            # workers asked for" beside the 4 its loop ran (2 was one per CPU).
+            asked = "asked for" if limits.num_workers is not None else "for its CPUs"
+            note = "%d of the %d workers %s, at %.2f GiB each, beside the batch; prefetch 1" % (
+                kept, wanted, asked, (per_worker + (facts.batch_bytes or 0)) / GiB)
             wanted, prefetch = kept, 1
     elif per_worker:
         # Workers in host RAM beside a GPU's batch (or before the job's curve is known): the RAM

@@ -534,12 +534,8 @@ def main(argv=None) -> int:
             for run in result["runs"]:
                 run["commit"] = meta["commit"]
             before = next((r for r in results if r["row"]["name"] == row.name), None)
-            if before is not None:  # --update: the methods not run now keep their earlier runs
-                kept = [r for r in before["runs"] if r["method"] not in methods]
-                result["runs"] = sorted(kept + result["runs"], key=lambda r: [*MEMD_METHODS, *PEER_METHODS].index(
-                    r["method"]) if r["method"] in MEMD_METHODS + PEER_METHODS else 99)
-                if "workers_check" not in result and "loader" not in methods and "workers_check" in before:
-                    result["workers_check"] = before["workers_check"]
+            if before is not None:
+                result = updated(before, result, methods)
             results = [r for r in results if r["row"]["name"] != row.name] + [result]
             results.sort(key=lambda r: list(ROWS).index(r["row"]["name"]) if r["row"]["name"] in ROWS else 99)
             metas[row.name] = meta
@@ -549,6 +545,22 @@ def main(argv=None) -> int:
     finally:
         daemon.stop(keep_log=os.path.join(reads, "memd.log") if reads else None)  # its batch_changed lines
     return write_table(results, args.out)
+
+
+def updated(before: Dict, result: Dict, methods: List[str]) -> Dict:
+    """A row run again with --update: the methods not run now keep their runs, the ones run again
+    keep theirs as ``earlier_runs`` (newest first, each with its commit), and a feasible batch
+    given as found keeps the probes that found it."""
+    order = [*MEMD_METHODS, *PEER_METHODS]
+    kept = [r for r in before["runs"] if r["method"] not in methods]
+    result["runs"] = sorted(kept + result["runs"], key=lambda r: order.index(r["method"]) if r["method"] in order else 99)
+    result["earlier_runs"] = [r for r in before["runs"] if r["method"] in methods] + before.get("earlier_runs", [])
+    if "workers_check" not in result and "loader" not in methods and "workers_check" in before:
+        result["workers_check"] = before["workers_check"]
+    new, old = result["feasible"], before["feasible"]
+    if new.get("given") and all(new[k]["batch"] == old.get(k, {}).get("batch") for k in ("plain", "steady")):
+        result["feasible"] = old
+    return result
 
 
 def write_table(results: List[Dict], out: str) -> int:

@@ -398,6 +398,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # 138 fits, and the cuts that followed rebuilt the loop's loader every 30-60 s.
         upper = None if level is None else level if levelled else int(level * (1 + COURSE_ERROR))
         ahead = copying = projected = evident = 0
+        passing = False
         for pid, held, one, bound in seen:
             # What it adds within GROWTH_AHEAD at its rate; a fresh fork's first burst is no course,
             # but while it lasts the room read beside it runs high (controller._growth_beside_workers).
@@ -408,15 +409,24 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 # while it copies fastest, is no line to draw past it.
                 soon = min(soon, level - held)
             copying += rushing
+            # Past the level a worker levelled off at, it ends the copy the others ended: that
+            # level was read at another batch, or a worker's few MiB ago, and a loop that rebuilds
+            # its loader at each change copies fast to the end. What it adds there is a projection
+            # (it stops growth, and is not held back from the pool) until its reads show it. Taken
+            # at its rate, four workers past a level of 312.6 MiB read at batch 91 were costed
+            # 315-318 where they level at 313-316, and the benchmark's loop was cut
+            # 122 -> 120 -> 116 -> 110 -> 106 within 250 s, a rebuild each.
+            past = levelled and level <= held <= level * (1 + COURSE_ERROR) and soon > 0
+            passing = passing or past
             if upper is not None:
                 # The workers copy the same dataset: each costs the job's level, or more as it passes it
                 # (a fresh one's own course, a burst, once read 0.49 GiB where they level at 0.31).
                 memo.worker_projected[pid] = max(upper, held + soon)
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
-            evident = max(evident, held + soon)
+            evident = max(evident, held if past else held + soon)
             projected = max(projected, memo.worker_projected[pid])
-            ahead += soon
+            ahead += 0 if past else soon
         if level is not None:
             memo.worker_inherited = 0
         # A projection is a line drawn through a worker's latest reads, and a read that caught it
@@ -430,7 +440,9 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # Read off a course, a level is still a projection (it erred 3-8 % high on the recorded
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.
-        memo.worker_evident = 0 if levelled else max(memo.worker_reached, evident)
+        # And past the level, what its workers hold is, what they will add is not (``past``).
+        memo.worker_evident = (max(memo.worker_reached, evident, level) if passing else 0) if levelled else \
+            max(memo.worker_reached, evident)
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
         memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0, session.latest_batch or 0))

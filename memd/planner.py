@@ -412,7 +412,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # Past the level a worker levelled off at, it ends the copy the others ended: that
             # level was read at another batch, or a worker's few MiB ago, and a loop that rebuilds
             # its loader at each change copies fast to the end. What it adds there is a projection
-            # (it stops growth, and is not held back from the pool) until its reads show it. Taken
+            # (it stops growth, and is not held back from the pool) until two of its latest three
+            # reads show it (worker_reached: one read may catch it collating a batch). Taken
             # at its rate, four workers past a level of 312.6 MiB read at batch 91 were costed
             # 315-318 where they level at 313-316, and the benchmark's loop was cut
             # 122 -> 120 -> 116 -> 110 -> 106 within 250 s, a rebuild each.
@@ -424,7 +425,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 memo.worker_projected[pid] = max(upper, held + soon)
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
-            evident = max(evident, held if past else held + soon)
+            evident = max(evident, 0 if past else held + soon)  # past: what it reached (worker_reached)
             projected = max(projected, memo.worker_projected[pid])
             ahead += 0 if past else soon
         if level is not None:

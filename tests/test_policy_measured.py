@@ -669,17 +669,18 @@ def test_a_level_is_evidence_once_a_worker_levelled_off():
         reads = json.load(f)["batch 64, 4 workers, 700 steps"]
     session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
                             limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
-    seen = []
+    seen, most = [], 0
     for at, workers in reads:
         procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
             ProcessMemory(8 + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
                           cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
         facts = worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
-        seen.append((session.planner.worker_level, facts.evident, max(uss for _, uss, _ in workers) * MiB))
+        most = max([most] + [uss * MiB for _, uss, _ in workers])
+        seen.append((session.planner.worker_level, facts.evident, most))
     estimated = [evident for level, evident, _ in seen if level is not None and not level[0]]
     levelled = [(level[2], evident, held) for level, evident, held in seen if level is not None and level[0]]
     assert estimated and all(e is not None and e <= 316 * MiB for e in estimated)  # never past what they reach
-    assert levelled and all(e is None or e == max(level, held) for level, e, held in levelled)
+    assert levelled and all(e is None or level <= e <= max(level, most) for level, e, most in levelled)
     assert sum(e is None for _, e, _ in levelled) > len(levelled) // 2
 
 
@@ -1238,3 +1239,55 @@ def test_what_a_worker_reached_at_the_batch_it_runs_is_not_grown_again():
     assert fits and curve.max_batch(decision.budget_bytes) == fits[0] >= decision.plan.batch_size == 119, (
         decision.budget_bytes / MiB, budget_at(119) / MiB)
     assert decision.budget_bytes > budget_at(119) - 4 * sample * 87  # not grown from the level's batch, 32
+
+
+def test_past_the_level_what_a_worker_will_add_stops_growth_and_only_its_reads_cut():
+    """The benchmark's four-workers loop in 2 GiB (tests/data/worker_rebuilds.json; memd at
+    74ce679). Its workers levelled at 312.6 MiB at batch 91; each later change of batch rebuilt
+    its loader, and the fresh workers copied to the end at some 0.3 MiB a second. Past 312.6 each
+    was taken at that rate 10 s ahead, 315-318 MiB where they level at 313-316, and each time
+    the plan was cut: 122 -> 120 -> 116 -> 110 -> 106 -> 102 -> 100 -> 99 within 730 s, a rebuild
+    each. Past the level, what a worker holds is evidence and what it will add a projection
+    (growth waits on it); neither what it will add nor more is held back from the pool."""
+    import json
+    import os
+
+    from memd.planner import worker_facts
+    from memd.policy.budget import Pool
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "worker_rebuilds.json")) as f:
+        reads = json.load(f)["reads"]
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+    base, before, most, passed = 100, None, 0, 0
+    for at, planned, workers in reads:
+        cpus = [cpu for cpu, _, _ in workers]
+        if before is not None and (len(cpus) != len(before) or min(cpus) < min(before)):
+            base += 100  # a rebuilt loader: new workers
+        before = cpus
+        procs = (ProcessMemory(7, 1, "trainer", 780 * MiB, None, None),) + tuple(
+            ProcessMemory(base + i, 7, "pt_data_worker", 630 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
+                          cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
+        facts = worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+        held = [uss for _, uss, _ in workers]
+        most = max(most, *held)
+        level = session.planner.worker_level
+        if level is None or not level[0]:
+            continue
+        assert facts.growth <= sum(max(0, level[2] - h * MiB) for h in held), (at, held, facts.growth / MiB)
+        evidence = facts.cost if facts.evident is None else facts.evident
+        assert evidence <= max(level[2], most * MiB), (at, held, evidence / MiB)
+        passed += facts.evident is not None and facts.cost > facts.evident
+        if planned == 116:
+            at_116 = facts  # the last read before 116 was cut to 110
+    assert 312 * MiB <= level[2] <= 316 * MiB and passed >= 10
+    # Where 116 was cut, memd read room for the trainer of 843.8 MiB before its workers' growth,
+    # its steps at 116 peaking at 830.5 MiB, its line 0.975 MiB a sample (830.7 at 116).
+    curve = Curve(717.6 * MiB, 0.975 * MiB, "fit", 8, 1.0, observed=((116, int(830.5 * MiB)),), noise=0.0,
+                  kills=True)
+    pool = Pool("host", "cpu", 2 * GiB, int((843.8 + 13 - 830.5) * MiB), int(830.5 * MiB), 13 * MiB)
+    plan = decide(curve, pool.with_reserved(at_116.growth), Limits(num_workers=4), ControlState(batch=116), "ok",
+                  CFG, workers=at_116, latest_batch=116, latest_peak=int(830.5 * MiB)).plan
+    assert plan.batch_size == 116, plan.reason

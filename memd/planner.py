@@ -417,7 +417,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # at its rate, four workers past a level of 312.6 MiB read at batch 91 were costed
             # 315-318 where they level at 313-316, and the benchmark's loop was cut
             # 122 -> 120 -> 116 -> 110 -> 106 within 250 s, a rebuild each.
-            past = levelled and level <= held <= level * (1 + COURSE_ERROR) and soon > 0
+            past = levelled and level is not None and level <= held <= level * (1 + COURSE_ERROR) and soon > 0
             passing = passing or past
             if upper is not None:
                 # The workers copy the same dataset: each costs the job's level, or more as it passes it
@@ -442,7 +442,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.
         # And past the level, what its workers hold is, what they will add is not (``past``).
-        memo.worker_evident = (max(memo.worker_reached, evident, level) if passing else 0) if levelled else \
+        memo.worker_evident = (max(memo.worker_reached, evident, level or 0) if passing else 0) if levelled else \
             max(memo.worker_reached, evident)
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))

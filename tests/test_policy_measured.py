@@ -1291,3 +1291,28 @@ def test_past_the_level_what_a_worker_will_add_stops_growth_and_only_its_reads_c
     plan = decide(curve, pool.with_reserved(at_116.growth), Limits(num_workers=4), ControlState(batch=116), "ok",
                   CFG, workers=at_116, latest_batch=116, latest_peak=int(830.5 * MiB)).plan
     assert plan.batch_size == 116, plan.reason
+
+
+def test_beside_workers_a_cut_under_min_gain_waits_while_the_steps_fit():
+    """The benchmark's four-workers loop in 2 GiB (workers-2g, report, at 7200742; this VM,
+    2026-11-28): at 124 its steps peaked at 836.3 MiB of an 836.8 MiB budget, and its line,
+    tilted up by the memory each rebuild of its loader added, put 124 at 837.9. Cut a sample or
+    two at a time, each a rebuild, it went 124 -> 123 -> 121 -> 119 -> 118 -> 117 -> 116 -> 115
+    in 30 s with every step within the budget. A cut under min_gain waits while the latest step
+    fits; a step past the budget cuts, and so does a job with no workers."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(int(689.1 * MiB), int(1.2 * MiB), "fit", 5, 1.0, observed=((124, int(836.3 * MiB)),), noise=0.001,
+                  kills=True)  # its spread then: the cuts went where the line fit, not past it by a spread
+    workers = WorkerFacts(cpus=2.0, uss=(int(315.4 * MiB),) * 4, cost=int(315.4 * MiB), running=4, newest=4,
+                          count_held=True, level=int(315.4 * MiB), levelled=True)
+
+    def plan(peak, beside):
+        pool = Pool("host", "cpu", 2 * GiB, int((836.8 + 13) * MiB) - peak, peak, 13 * MiB)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=124), "ok", CFG, workers=beside,
+                      latest_batch=124, latest_peak=peak).plan
+
+    kept = plan(int(836.3 * MiB), workers)
+    assert kept.batch_size == 124 and "a cut under 3 % is not worth a change of batch" in kept.reason, kept.reason
+    assert plan(int(836.3 * MiB), None).batch_size == 123  # no workers, no rebuild: the line decides
+    assert plan(int(837.5 * MiB), workers).batch_size < 124  # a step past the budget cuts

@@ -1062,22 +1062,25 @@ def test_growth_the_workers_projection_caps_below_min_gain_waits():
     """The benchmark's loop that rebuilds its four workers at each change of batch (bench/realjobs.py
     --log-reads at 547e1c6): at 120, its workers at 277-280 MiB and projected to 0.32 GiB each,
     the projection let it grow to 122 (1.7 %), under the min_gain a move must bring, and the
-    rebuild started its workers' copies over. A capped move is worth it only past min_gain too."""
+    rebuild started its workers' copies over. A capped move is worth it only past min_gain too,
+    and before a worker has levelled off only past a quarter (BEFORE_LEVEL_GAIN), as an uncapped one."""
     from memd.policy.budget import Pool
 
     curve = Curve(710 * MiB, 1.0 * MiB, "fit", 4, 1.0, observed=((120, 830 * MiB),), noise=0.01, kills=True)
     facts = WorkerFacts(uss=(277 * MiB, 280 * MiB, 277 * MiB, 277 * MiB), cost=325 * MiB, evident=300 * MiB,
                         running=4)
 
-    def plan(free):
+    def plan(free, levelled=True):
         pool = Pool("host", "cpu", 2 * GiB, free * MiB, 804 * MiB, 20 * MiB)
-        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=120), "ok", CFG, workers=facts,
-                      latest_batch=120, latest_peak=830 * MiB, held_peak=804 * MiB).plan
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=120), "ok", CFG,
+                      workers=replace(facts, levelled=levelled), latest_batch=120, latest_peak=830 * MiB,
+                      held_peak=804 * MiB).plan
 
     small = plan(237)  # the projection allows 122
     assert small.batch_size == 120 and small.reason.startswith("holding 120: its 4 workers are still copying"), \
         small.reason
     assert plan(241).batch_size == 126  # 5 %: worth a rebuild
+    assert plan(241, levelled=False).batch_size == 120  # but not before a worker has levelled off
 
 
 def test_a_worker_first_read_late_in_its_copying_still_shows_where_it_levels():
@@ -1316,3 +1319,29 @@ def test_beside_workers_a_cut_under_min_gain_waits_while_the_steps_fit():
     assert kept.batch_size == 124 and "a cut under 3 % is not worth a change of batch" in kept.reason, kept.reason
     assert plan(int(836.3 * MiB), None).batch_size == 123  # no workers, no rebuild: the line decides
     assert plan(int(837.5 * MiB), workers).batch_size < 124  # a step past the budget cuts
+
+
+def test_a_capped_move_beside_workers_goes_by_the_gain_of_the_move_it_caps():
+    """The benchmark's four-workers loop (workers-2g, report, at 16fc1b8; this VM, 2026-11-28).
+    At 110, its workers levelled at 314.6 MiB and fresh again after a rebuild (34-42 MiB), its
+    line 1.2 MiB a sample (833.5 at 111), a budget of 839.9 MiB and its room 5 MiB lower within
+    the last 30 s: growth capped by that went 110 -> 111, a rebuild for one sample, as it went
+    95 -> 107 -> 110 -> 111 within 5 s. A capped move must bring min_gain too."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(int(700.3 * MiB), int(1.2 * MiB), "fit", 12, 1.0, observed=((110, int(825.4 * MiB)),),
+                  noise=0.001, kills=True)
+    uss = (42, 35, 35, 34)
+    workers = WorkerFacts(cpus=2.0, uss=tuple(u * MiB for u in uss), cost=int(314.6 * MiB), running=4, newest=4,
+                          count_held=True, level=int(314.6 * MiB), levelled=True)
+    beside = int((4 * 314.6 - sum(uss)) * MiB)  # what the workers will come to, beyond what they hold
+
+    def plan(dip):
+        pool = Pool("host", "cpu", 2 * GiB, int(839.9 * MiB) + beside + 13 * MiB - int(825.4 * MiB),
+                    int(825.4 * MiB), 13 * MiB)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=110), "ok", CFG, workers=workers,
+                      latest_batch=110, latest_peak=int(825.4 * MiB), grow_dip=dip * MiB).plan
+
+    assert plan(0).batch_size == 116  # 5 %: worth a rebuild
+    kept = plan(5)  # 112 where the room was lowest: under 3 %
+    assert kept.batch_size == 110 and "growth waits for room that lasts" in kept.reason, kept.reason

@@ -8,15 +8,24 @@ benchmark itself, beside the job. With an endpoint, each line also holds memd's 
 at that moment (``memd``: its session's budget, predicted peak and plan, from `status`): what
 memd decided on, kept apart from what was measured.
 Used by bench/composition.py (a job at a fixed batch) and bench/realjobs.py --log-reads (memd's runs).
+
+    .venv/bin/python bench/reads.py FILE...
+
+prints, for reads already logged, each life of the job's DataLoader workers (a loop that rebuilds
+its loader forks new ones; told by their CPU seconds starting over): the batch memd had planned,
+when it began and ended, the most each worker held (the median of the workers), and the trainer's
+highest VmHWM meanwhile. What each rebuild cost shows as the lives go by.
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
+import sys
 import threading
 import time
-from typing import Optional
+from typing import Iterator, List, Optional
 
 STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
@@ -111,3 +120,40 @@ class Reader:
         self.done.set()
         self.thread.join(5)
         self.out.close()
+
+
+def lives(path: str) -> Iterator[dict]:
+    """The lives of a logged job's workers (see the module's docstring), oldest first."""
+    life: Optional[dict] = None
+    before: List[float] = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            workers = [w for w in r.get("workers") or [] if isinstance(w, dict) and w.get("private") is not None]
+            if not workers:
+                continue
+            cpu = [w.get("cpu") or 0.0 for w in workers]
+            if life is None or len(cpu) != len(before) or min(cpu) < min(before):
+                if life is not None:
+                    yield life
+                life = dict(batch=(r.get("memd") or {}).get("batch"), start=r["t"], most=[0] * len(workers), hwm=0)
+            before = cpu
+            life["end"] = r["t"]
+            life["most"] = [max(m, w["private"]) for m, w in zip(life["most"], workers)]
+            life["hwm"] = max(life["hwm"], (r.get("trainer") or {}).get("VmHWM") or 0)
+    if life is not None:
+        yield life
+
+
+def main(paths: List[str]) -> int:
+    for path in paths:
+        print(os.path.basename(path))
+        for life in lives(path):
+            print("  batch %s, %.0f-%.0f s: workers up to %s MiB (median %.0f), trainer VmHWM up to %d MiB" % (
+                life["batch"], life["start"], life["end"], "/".join(map(str, life["most"])),
+                statistics.median(life["most"]), life["hwm"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1345,3 +1345,27 @@ def test_a_capped_move_beside_workers_goes_by_the_gain_of_the_move_it_caps():
     assert plan(0).batch_size == 116  # 5 %: worth a rebuild
     kept = plan(5)  # 112 where the room was lowest: under 3 %
     assert kept.batch_size == 110 and "growth waits for room that lasts" in kept.reason, kept.reason
+
+
+def test_beside_workers_the_spread_does_not_cut_while_the_steps_fit():
+    """The four-workers loop again (at 968b4db): at 116 its step peaked at 830.9 MiB of an
+    833.9 MiB budget, its line put 116 at 834.5 (a cut of one sample), and its own spread (1 %)
+    sent the cut to where the step plus the spread fit: 116 -> 109, and later 109 -> 103, each
+    step 3-4 MiB inside the budget. While the step fits and the line asks for less than
+    min_gain, the batch stays; a step past the budget still cuts by the spread."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(int(695.3 * MiB), int(1.2 * MiB), "fit", 8, 1.0, observed=((116, int(830.9 * MiB)),), noise=0.01,
+                  kills=True)
+    workers = WorkerFacts(cpus=2.0, uss=(int(317 * MiB),) * 4, cost=int(317 * MiB), running=4, newest=4,
+                          count_held=True, level=int(317 * MiB), levelled=True)
+
+    def plan(peak, beside=workers):
+        pool = Pool("host", "cpu", 2 * GiB, int((833.9 + 13) * MiB) - peak, peak, 13 * MiB)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=116), "ok", CFG, workers=beside,
+                      latest_batch=116, latest_peak=peak).plan
+
+    kept = plan(int(830.9 * MiB))
+    assert kept.batch_size == 116 and kept.reason.startswith("keeping 116: its latest step peaked"), kept.reason
+    assert plan(int(830.9 * MiB), None).batch_size == 111  # no workers: the spread's cut, as before
+    assert plan(int(835.0 * MiB)).batch_size < 112  # past the budget: cut, by the spread too

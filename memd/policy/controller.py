@@ -149,18 +149,20 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
         cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
     if current is not None and budget is not None and curve is not None:
-        capped = cap
+        capped, line = cap, limit
         outgrown = latest_batch == current and curve.kills
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
         limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise)
         if (workers is not None and workers.uss and outgrown and latest_peak is not None and latest_peak <= budget
-                and current * (1 - cfg.min_gain) <= limit < current and not reason.startswith("probing")):
+                and limit < current and current * (1 - cfg.min_gain) <= line and not reason.startswith("probing")):
             # Its steps there fit, and a loop beside workers rebuilds its loader at each change
             # of batch, each rebuild a little dearer than the last (its fresh workers copy their
             # dataset again, and levelled 313.7 -> 320 MiB over six): a line tilting up by that
             # asked for a sample or two at a time, and the benchmark's loop went 124 -> 123 ->
             # 121 -> 119 -> 118 -> 117 -> 116 -> 115 in 30 s, its steps within the budget each
-            # time. A cut under min_gain waits for a step that passes the budget.
+            # time. Nor does the spread the job showed send it further while its step fits: the
+            # loop went 116 -> 109 -> 103 on it, its steps 3-4 MiB inside the budget. A cut the
+            # line puts under min_gain waits for a step that passes the budget.
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, within the %.2f GiB " \
                 "budget, and a cut under %.0f %% is not worth a change of batch (each one restarts its workers' " \
                 "copying)" % (current, latest_peak / GiB, budget / GiB, 100 * cfg.min_gain), capped

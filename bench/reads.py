@@ -9,7 +9,7 @@ at that moment (``memd``: its session's budget, predicted peak and plan, from `s
 memd decided on, kept apart from what was measured.
 Used by bench/composition.py (a job at a fixed batch) and bench/realjobs.py --log-reads (memd's runs).
 
-    .venv/bin/python bench/reads.py FILE...
+    .venv/bin/python bench/reads.py FILE...   (FILE.jsonl or FILE.jsonl.gz)
 
 prints, for reads already logged, each life of the job's DataLoader workers (a loop that rebuilds
 its loader forks new ones; told by their CPU seconds starting over): the batch memd had planned,
@@ -18,6 +18,7 @@ highest VmHWM meanwhile. What each rebuild cost shows as the lives go by.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import statistics
@@ -126,7 +127,7 @@ def lives(path: str) -> Iterator[dict]:
     """The lives of a logged job's workers (see the module's docstring), oldest first."""
     life: Optional[dict] = None
     before: List[float] = []
-    with open(path) as f:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
         for line in f:
             r = json.loads(line)
             workers = [w for w in r.get("workers") or [] if isinstance(w, dict) and w.get("private") is not None]

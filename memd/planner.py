@@ -441,7 +441,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # Read off a course, a level is still a projection (it erred 3-8 % high on the recorded
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.
-        # And past the level, what its workers hold is, what they will add is not (``past``).
+        # Past the level, what a worker reached is evidence and what it will add is not (``past``).
         memo.worker_evident = (max(memo.worker_reached, evident, level or 0) if passing else 0) if levelled else \
             max(memo.worker_reached, evident)
         memo.worker_growth, memo.worker_copying = ahead, copying

@@ -254,8 +254,11 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
     150 steps left)."""
     if unproven is not None and unproven <= current and limit < current and reason.startswith("probing"):
         return current, _still_copying(current, workers)
-    if (limit > current and workers.uss and not workers.levelled and not workers.follows
-            and limit < current * (1 + BEFORE_LEVEL_GAIN)):
+    # Until a worker levels off, a loop that keeps its own DataLoader copies its dataset again at
+    # each change of batch: a move, capped or not, must gain a quarter.
+    before_level = bool(workers.uss) and not workers.levelled and not workers.follows
+    gain = BEFORE_LEVEL_GAIN if before_level else cfg.min_gain
+    if limit > current and before_level and limit < current * (1 + gain):
         # A loop that keeps its own DataLoader rebuilds it at each change of batch, and its fresh
         # workers copy their dataset again: until one levels off, a small move only puts off the
         # level the last move is planned on. Four workers' course read 313.5 MiB, and 8 % above
@@ -272,7 +275,6 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
     # A cap below goes by the same gain as the move it caps: each change rebuilds the loop's
     # loader, and capped moves of 3-12 % before its workers levelled off took the benchmark's
     # loop 33 -> 36 -> 42 -> 47 -> 50 -> 52 -> 54 in 6 s, and 95 -> 107 -> 110 -> 111 after.
-    gain = BEFORE_LEVEL_GAIN if workers.uss and not workers.levelled and not workers.follows else cfg.min_gain
     if unproven is not None and limit > max(current, unproven):
         # Capped below min_gain, the move is not worth the rebuild: the benchmark's loop went
         # 120 -> 122 on it, and its four workers started their copies over.

@@ -1369,30 +1369,3 @@ def test_beside_workers_the_spread_does_not_cut_while_the_steps_fit():
     assert kept.batch_size == 116 and kept.reason.startswith("keeping 116: its latest step peaked"), kept.reason
     assert plan(int(830.9 * MiB), None).batch_size == 111  # no workers: the spread's cut, as before
     assert plan(int(835.0 * MiB)).batch_size < 112  # past the budget: cut, by the spread too
-
-
-def test_beside_workers_copying_afresh_a_step_just_past_the_budget_waits_for_their_level():
-    """The four-workers loop (workers-2g, report, at 5320663; this VM, 2026-11-28): cut to 117,
-    its loader restarted its workers, and 2.4 s later, beside them at 64-66 MiB of the 316.3
-    MiB each comes to, its step at 117 peaked at 832.2 MiB of an 831.3 MiB budget: the plan went
-    117 -> 114, then 110 and 108 within 20 s the same way, each cut restarting them again. While
-    they copy, a step past the budget by under half the margin keeps the batch; further past it,
-    or beside workers at their level, it cuts."""
-    from memd.policy.budget import Pool
-
-    curve = Curve(int(691.8 * MiB), int(1.2 * MiB), "fit", 9, 1.0, observed=((117, int(832.2 * MiB)),), noise=0.001,
-                  kills=True)
-    fresh = WorkerFacts(cpus=2.0, uss=(64 * MiB, 66 * MiB, 66 * MiB, 66 * MiB), cost=int(316.3 * MiB), running=4,
-                        newest=4, count_held=True, level=int(311.3 * MiB), levelled=True)
-    levelled = replace(fresh, uss=(int(316.3 * MiB),) * 4)
-
-    def plan(peak, workers=fresh):
-        to_come = 4 * int(316.3 * MiB) - sum(workers.uss)  # what the workers will add: beside the batch's budget
-        pool = Pool("host", "cpu", 2 * GiB, int((831.3 + 13) * MiB) + to_come - peak, peak, 13 * MiB)
-        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=117), "ok", CFG, workers=workers,
-                      latest_batch=117, latest_peak=peak).plan
-
-    kept = plan(int(832.2 * MiB))
-    assert kept.batch_size == 117 and "a cut waits for them to level off" in kept.reason, kept.reason
-    assert plan(int(838.0 * MiB)).batch_size < 117  # 6.7 MiB past: more than half the 13 MiB margin
-    assert plan(int(832.2 * MiB), levelled).batch_size < 117  # at their level the budget is read as it stands

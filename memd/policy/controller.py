@@ -166,22 +166,6 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, within the %.2f GiB " \
                 "budget, and a cut under %.0f %% is not worth a change of batch (each one restarts its workers' " \
                 "copying)" % (current, latest_peak / GiB, budget / GiB, 100 * cfg.min_gain), capped
-        elif (workers is not None and pool is not None and outgrown and latest_peak is not None and limit < current
-              and budget < latest_peak <= budget + pool.margin_bytes // 2 and _copying_afresh(workers)
-              and not reason.startswith("probing")):
-            # Beside workers still copying after a change of batch, the room swings as their
-            # pages move, and a step just past the budget then is no evidence the batch no longer
-            # fits: the benchmark's loop went 117 -> 114 -> 110 -> 108 in 20 s, each cut on a
-            # step 0.4-1.8 MiB past a budget read beside the workers it had just restarted (64-186
-            # MiB of the 316 each had come to), and each cut restarted them again: seven of its
-            # fifteen cuts came so. The cut waits for them to level off, while the step stays
-            # within half the margin past the budget (the margin is what the budget holds back
-            # below the kill line).
-            limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, just past the %.2f GiB " \
-                "budget, while the workers its loader restarted are still copying (%.2f of the %.2f GiB each " \
-                "levels at): a cut waits for them to level off" % (
-                    current, latest_peak / GiB, budget / GiB, statistics.median(workers.uss) / GiB,
-                    (_per_worker(workers) or 0) / GiB), capped
 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
@@ -469,12 +453,6 @@ def _running(facts: WorkerFacts) -> int:
 
 def _per_worker(facts: WorkerFacts) -> Optional[int]:
     return facts.cost or (int(statistics.median(facts.uss)) if facts.uss else None)
-
-
-def _copying_afresh(facts: WorkerFacts) -> bool:
-    """The live workers hold well under what each comes to: a loader that just started them."""
-    each = _per_worker(facts)
-    return bool(facts.uss) and each is not None and statistics.median(facts.uss) < (1 - SETTLED) * each
 
 
 def _queue(limits: Limits, facts: WorkerFacts) -> Tuple[int, int]:

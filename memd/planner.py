@@ -368,6 +368,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 memo.worker_courses.pop(pid, None)
                 memo.worker_inherited = max(memo.worker_inherited, memo.worker_projected.pop(pid, 0))
         seen = []
+        reached = 0
         for pid, proc in list(now.items())[:MAX_WORKERS]:
             rss = proc.rss_bytes or 0
             held = proc.own_bytes
@@ -389,8 +390,14 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # batch's samples in its heap. Taken from any one read, a worker of the two-workers job
             # read at 351.7 MiB beside the other's 343.6 cost both 8 MiB more for the rest of the
             # run and cut its batch 605 -> 586.
-            memo.worker_reached = max(memo.worker_reached, statistics.median_low(r[2] for r in list(reads)[-3:]))
+            reached = max(reached, statistics.median_low(r[2] for r in list(reads)[-3:]))
             seen.append((pid, held, one, bound))
+        # What the live workers hold now, not the most any worker held this run: kept as a run's
+        # most, two reads of a worker collating a batch (315.6 MiB) cost each of the four-workers
+        # loop's workers that much for the rest of its run, 550 s in which all four held 313.1-313.2
+        # and levelled at 313.2; 10 MiB of its batch's budget held back for nothing, its batch cut
+        # 135 -> 119 over the run while its group's use stayed at 2018-2034 MiB of its 2048.
+        memo.worker_reached = reached
         level = memo.worker_level[2] if memo.worker_level is not None else None
         levelled = memo.worker_level is not None and memo.worker_level[0]
         # Read off a course, the level may lie COURSE_ERROR low: growth goes by its upper end. In
@@ -437,7 +444,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # projection when two reads in a row show it; what a worker reached counts at once.
         lasting = projected if memo.worker_projected_last is None else min(projected, memo.worker_projected_last)
         memo.worker_projected_last = projected
-        memo.worker_cost = max(memo.worker_reached, lasting, memo.worker_inherited)
+        # Between two loaders no worker lives: the level stands for the next ones.
+        memo.worker_cost = max(memo.worker_reached, lasting, memo.worker_inherited, upper or 0)
         # Read off a course, a level is still a projection (it erred 3-8 % high on the recorded
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.

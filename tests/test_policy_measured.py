@@ -921,10 +921,10 @@ def test_fresh_workers_below_the_level_cost_the_level_not_their_rate():
         fresh = read(end + at, workers * 2, 20)
         held = workers[0][1]
         if held < 314:  # below the level: its level (its rate once projected 295 MiB to 0.54 GiB)
-            assert fresh.cost == levelled.cost, (at, held, fresh.cost // MiB)
+            assert fresh.cost == levelled.level, (at, held, fresh.cost // MiB)
         else:  # past it: what it holds and will add, once two reads show it there
             past += 1
-            assert fresh.cost > held * MiB if past > 1 else fresh.cost >= levelled.cost, (at, held, fresh.cost // MiB)
+            assert fresh.cost > held * MiB if past > 1 else fresh.cost >= levelled.level, (at, held, fresh.cost // MiB)
     assert past >= 3
 
 
@@ -1369,3 +1369,40 @@ def test_beside_workers_the_spread_does_not_cut_while_the_steps_fit():
     assert kept.batch_size == 116 and kept.reason.startswith("keeping 116: its latest step peaked"), kept.reason
     assert plan(int(830.9 * MiB), None).batch_size == 111  # no workers: the spread's cut, as before
     assert plan(int(835.0 * MiB)).batch_size < 112  # past the budget: cut, by the spread too
+
+
+def test_levelled_workers_cost_what_they_hold_not_the_most_one_held_this_run():
+    """The four-workers loop (workers-2g, suggest, at 5320663; this VM, 2026-11-28): for its last
+    550 s its four workers held 313.1-313.2 MiB and levelled at 313.2, one of them now and then
+    at 316 for two reads (collating a batch), and each was costed 315.6 for the rest of the run:
+    the most any worker had reached. Beside the 10 MiB that held back, its batch went 135 -> 119
+    while its group's use stayed at 2018-2034 of 2048 MiB. Here the four workers of the real
+    batch-64 trace (levelled at 314), one of them at 317 for two reads, then at 314 again."""
+    import json
+    import os
+
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
+        reads = json.load(f)["batch 64, 4 workers, 700 steps"]
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+
+    def read(at, workers):
+        procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
+            ProcessMemory(8 + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
+                          cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+
+    for at, workers in reads:
+        facts = read(at, workers)
+    at, last = reads[-1]
+    for i, spike in enumerate((317, 317, 314, 314, 314)):  # 2 s apart, as the trace's reads
+        workers = [[cpu + 0.1 * (i + 1), uss, anon] for cpu, uss, anon in last]
+        workers[0][1] = spike
+        facts = read(at + 2.0 * (i + 1), workers)
+        if i == 1:
+            assert facts.cost >= 317 * MiB  # two reads show it there: what it reached counts at once
+    assert facts.levelled and facts.cost <= 315 * MiB, facts.cost / MiB  # all hold 314-315 again

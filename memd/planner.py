@@ -392,12 +392,11 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # run and cut its batch 605 -> 586.
             reached = max(reached, statistics.median_low(r[2] for r in list(reads)[-3:]))
             seen.append((pid, held, one, bound))
-        # What the live workers hold now, not the most any worker held this run: kept as a run's
-        # most, two reads of a worker collating a batch (315.6 MiB) cost each of the four-workers
-        # loop's workers that much for the rest of its run, 550 s in which all four held 313.1-313.2
-        # and levelled at 313.2; 10 MiB of its batch's budget held back for nothing, its batch cut
-        # 135 -> 119 over the run while its group's use stayed at 2018-2034 MiB of its 2048.
-        memo.worker_reached = reached
+        # ``reached``: what the live workers hold now, not the most any worker held this run. Kept
+        # as a run's most, two reads of a worker collating a batch (315.6 MiB) cost each of the
+        # four-workers loop's workers that much for the rest of its run, 550 s in which all four
+        # held 313.1-313.2 and levelled at 313.2: 10 MiB of its batch's budget held back for
+        # nothing, its batch cut 135 -> 119 while its group's use stayed at 2018-2034 of 2048 MiB.
         level = memo.worker_level[2] if memo.worker_level is not None else None
         levelled = memo.worker_level is not None and memo.worker_level[0]
         # Read off a course, the level may lie COURSE_ERROR low: growth goes by its upper end. In
@@ -420,7 +419,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # level was read at another batch, or a worker's few MiB ago, and a loop that rebuilds
             # its loader at each change copies fast to the end. What it adds there is a projection
             # (it stops growth, and is not held back from the pool) until two of its latest three
-            # reads show it (worker_reached: one read may catch it collating a batch). Taken
+            # reads show it (``reached``: one read may catch it collating a batch). Taken
             # at its rate, four workers past a level of 312.6 MiB read at batch 91 were costed
             # 315-318 where they level at 313-316, and the benchmark's loop was cut
             # 122 -> 120 -> 116 -> 110 -> 106 within 250 s, a rebuild each.
@@ -432,7 +431,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 memo.worker_projected[pid] = max(upper, held + soon)
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
-            evident = max(evident, 0 if past else held + soon)  # past: what it reached (worker_reached)
+            evident = max(evident, 0 if past else held + soon)  # past: what it reached (``reached``)
             projected = max(projected, memo.worker_projected[pid])
             ahead += 0 if past else soon
         if level is not None:
@@ -445,13 +444,13 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         lasting = projected if memo.worker_projected_last is None else min(projected, memo.worker_projected_last)
         memo.worker_projected_last = projected
         # Between two loaders no worker lives: the level stands for the next ones.
-        memo.worker_cost = max(memo.worker_reached, lasting, memo.worker_inherited, upper or 0)
+        memo.worker_cost = max(reached, lasting, memo.worker_inherited, upper or 0)
         # Read off a course, a level is still a projection (it erred 3-8 % high on the recorded
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.
         # Past the level, what a worker reached is evidence and what it will add is not (``past``).
-        memo.worker_evident = (max(memo.worker_reached, evident, level or 0) if passing else 0) if levelled else \
-            max(memo.worker_reached, evident)
+        memo.worker_evident = (max(reached, evident, level or 0) if passing else 0) if levelled else \
+            max(reached, evident)
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
         memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0, session.latest_batch or 0))

@@ -17,7 +17,6 @@ class PlannerMemo:
     worker_courses: Dict[int, List[Tuple[float, int]]] = field(default_factory=dict)  # (CPU s, USS), growth.keep
     worker_projected: Dict[int, int] = field(default_factory=dict)
     worker_projected_last: Optional[int] = None  # the most any worker was projected to at the read before
-    worker_reached: int = 0
     worker_inherited: int = 0
     worker_cost: int = 0
     worker_growth: int = 0  # what the live workers are projected to add

@@ -884,6 +884,34 @@ def test_a_cut_on_what_workers_will_add_waits_for_their_next_read():
     assert decided(65, 770, cut_on=8.4).plan.batch_size == 32  # a cut on an earlier read: the next one goes on
 
 
+def _worker_growth_traces():
+    """Real workers' reads (tests/data/worker_growth.json): (at, [(CPU s, USS MiB, anon MiB)...])."""
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
+        return json.load(f)
+
+
+def _worker_reader():
+    """read(at, workers, first_pid) -> WorkerFacts, one job read of a trainer and its workers
+    through the planner (worker_facts), for a session that asked for four."""
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+
+    def read(at, workers, first_pid):
+        procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
+            ProcessMemory(first_pid + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
+                          cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
+        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
+
+    return read
+
+
 def test_fresh_workers_below_the_level_cost_the_level_not_their_rate():
     """The benchmark's loop with two workers (two-workers-2g at e859d9f, a quiet machine): with
     the level read (0.32 GiB), every batch it grew to near 650 rebuilt its loader, and the fresh
@@ -894,24 +922,8 @@ def test_fresh_workers_below_the_level_cost_the_level_not_their_rate():
     read may catch a worker holding a batch's samples). The rates here are the real worker's at batch 600
     (tests/data/worker_growth.json: 135, 213, 256 MiB 2 s apart), after four at batch 64 levelled
     at 314."""
-    import json
-    import os
-
-    from memd.planner import worker_facts
-    from memd.sampling.snapshot import ProcessMemory
-    from memd.sessions import SessionRecord
-
-    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
-        traces = json.load(f)
-    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
-                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
-
-    def read(at, workers, first_pid):
-        procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
-            ProcessMemory(first_pid + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
-                          cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
-        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
-
+    traces = _worker_growth_traces()
+    read = _worker_reader()
     reads = traces["batch 64, 4 workers, 700 steps"]
     for at, workers in reads:
         levelled = read(at, workers, 8)
@@ -1378,31 +1390,15 @@ def test_levelled_workers_cost_what_they_hold_not_the_most_one_held_this_run():
     the most any worker had reached. Beside the 10 MiB that held back, its batch went 135 -> 119
     while its group's use stayed at 2018-2034 of 2048 MiB. Here the four workers of the real
     batch-64 trace (levelled at 314), one of them at 317 for two reads, then at 314 again."""
-    import json
-    import os
-
-    from memd.planner import worker_facts
-    from memd.sampling.snapshot import ProcessMemory
-    from memd.sessions import SessionRecord
-
-    with open(os.path.join(os.path.dirname(__file__), "data", "worker_growth.json")) as f:
-        reads = json.load(f)["batch 64, 4 workers, 700 steps"]
-    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
-                            limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
-
-    def read(at, workers):
-        procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
-            ProcessMemory(8 + i, 7, "pt_data_worker", 617 * MiB, None, uss * MiB, anon_bytes=anon * MiB,
-                          cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
-        return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
-
+    reads = _worker_growth_traces()["batch 64, 4 workers, 700 steps"]
+    read = _worker_reader()
     for at, workers in reads:
-        facts = read(at, workers)
+        facts = read(at, workers, 8)
     at, last = reads[-1]
     for i, spike in enumerate((317, 317, 314, 314, 314)):  # 2 s apart, as the trace's reads
         workers = [[cpu + 0.1 * (i + 1), uss, anon] for cpu, uss, anon in last]
         workers[0][1] = spike
-        facts = read(at + 2.0 * (i + 1), workers)
+        facts = read(at + 2.0 * (i + 1), workers, 8)
         if i == 1:
             assert facts.cost >= 317 * MiB  # two reads show it there: what it reached counts at once
     assert facts.levelled and facts.cost <= 315 * MiB, facts.cost / MiB  # all hold 314-315 again

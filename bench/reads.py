@@ -90,10 +90,8 @@ def memd_view(endpoint: str, pid: int) -> Optional[dict]:
             plan = s.get("plan") or {}
             workers = s.get("workers")
             if workers:
-                lives = [[changes, batch, mib(level)] for changes, batch, level in workers.pop("lives", [])]
                 workers = {k.replace("_bytes", ""): [mib(b) for b in v] if isinstance(v, list) else
                            mib(v) if k.endswith("_bytes") else v for k, v in workers.items()}
-                workers["lives"] = lives  # [changes of batch by then, batch, level in MiB]
             return dict(budget=mib(s.get("budget_bytes")), pool_budget=mib(s.get("pool_budget_bytes")),
                         predicted=mib(s.get("predicted_peak_bytes")), latest_peak=mib(s.get("latest_peak_bytes")),
                         batch=plan.get("batch_size"), reason=plan.get("reason"), workers=workers)

@@ -141,4 +141,4 @@ def workers_view(w: Optional[WorkerFacts]) -> Optional[Result]:
     return {"running": w.running if w.running is not None else len(w.uss), "own_bytes": list(w.uss),
             "cost_bytes": w.cost, "evident_bytes": w.evident, "growth_bytes": w.growth,
             "copying_bytes": w.copying, "queued_bytes": w.queued, "level_bytes": w.level, "levelled": w.levelled,
-            "follows_plan": w.follows, "lives": [list(life) for life in w.lives]}
+            "follows_plan": w.follows}

@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 from dataclasses import replace
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Optional
 
 from memd.claims import Claims, Others, counts, gather, neighbour
 from memd.config import PolicyConfig
@@ -314,8 +314,6 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     if session.unwatched is not None:  # its pid here is not its process: nothing of it is measured
         decision = replace(decision, plan=replace(decision.plan, reason="%s; %s: planned from its reports" % (
             decision.plan.reason, session.unwatched)))
-    if session.state.batch is not None and decision.state.batch != session.state.batch:
-        session.planner.changes += 1  # a loop that rebuilds its loader forks its workers again
     session.plan = decision.plan
     session.state = decision.state
     session.at_ceiling = decision.at_ceiling
@@ -454,7 +452,6 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         memo.worker_evident = (max(reached, evident, level or 0) if passing else 0) if levelled else \
             max(reached, evident)
         memo.worker_growth, memo.worker_copying = ahead, copying
-        memo.lives = lived(memo, seen, session.latest_batch, session.state.batch)
         memo.worker_counts.append((job.monotonic, len(now)))
         memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0, session.latest_batch or 0))
     since = job.monotonic - cfg.worker_horizon_seconds if job is not None else math.inf
@@ -472,19 +469,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        count_held=job is None or (len(memo.worker_counts) >= 2 and
                                                   memo.worker_counts[-1][1] == memo.worker_counts[-2][1]),
                        level=memo.worker_level[2] if memo.worker_level is not None else None,
-                       levelled=memo.worker_level is not None and memo.worker_level[0], lives=memo.lives)
-
-
-def lived(memo, seen, ran: Optional[int], planned: Optional[int]) -> Tuple[Tuple[int, int, int], ...]:
-    """The first and the latest life of the job's workers that levelled off, as (changes of batch by
-    then, the batch, their median level), the latest one's updated while it lasts. Read only while
-    the job runs the batch planned, so that a loader's old workers are not taken for the new ones."""
-    held = [h for _, h, one, _ in seen if one.levelled]
-    if not held or len(held) < len(seen) or not ran or ran != planned:
-        return memo.lives
-    life = (memo.changes, ran, int(statistics.median(held)))
-    first = memo.lives[0] if memo.lives and memo.lives[0][0] != life[0] else life
-    return (first,) if first is life else (first, life)
+                       levelled=memo.worker_level is not None and memo.worker_level[0])
 
 
 def settling(session: SessionRecord) -> bool:

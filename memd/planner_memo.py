@@ -26,11 +26,6 @@ class PlannerMemo:
     # None until one has slowed enough to tell.
     worker_level: Optional[Tuple[bool, float, int]] = None
     worker_evident: int = 0  # one worker's cost from evidence alone, until a worker levelled off
-    # Changes of batch planned this run, and (changes by then, batch, level) of the first and the
-    # latest life of the job's workers that levelled off: what each change cost them (a loop that
-    # rebuilds its DataLoader forks workers that copy their dataset again), controller._rebuild_cost.
-    changes: int = 0
-    lives: Tuple[Tuple[int, int, int], ...] = ()
     workers_read: Optional[float] = None  # the job read they were last updated from
     worker_counts: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
     # (job read's monotonic time, shared memory its group holds that none of its processes maps,

@@ -909,7 +909,6 @@ def _worker_reader():
                           cpu_seconds=cpu) for i, (cpu, uss, anon) in enumerate(workers))
         return worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
 
-    read.session = session  # type: ignore[attr-defined]
     return read
 
 
@@ -1403,69 +1402,3 @@ def test_levelled_workers_cost_what_they_hold_not_the_most_one_held_this_run():
         if i == 1:
             assert facts.cost >= 317 * MiB  # two reads show it there: what it reached counts at once
     assert facts.levelled and facts.cost <= 315 * MiB, facts.cost / MiB  # all hold 314-315 again
-
-
-def test_beside_a_loop_that_starts_its_workers_again_a_move_leaves_room_for_the_next_ones():
-    """The four-workers loop (workers-2g, report, at 5320663; this VM, 2026-11-28). Its workers
-    levelled at 308.95 MiB (the median of four) at batch 32 and at 313.9 at 126, seven changes of
-    batch later, each change forking four that copied the dataset again; its queue held 27.7 MiB
-    at 126 (0.0275 MiB a sample for each of the workers' two batches). At 126 its step peaked at
-    838.4 MiB, 0.2 past its 838.2 MiB budget, and its line put 124 there: cut to where it fit
-    beside those workers, each new life of workers took back what the cut gave, and the plan
-    went 137 -> 94 in twenty changes, each step past the budget by 0.1-1.6 MiB. A change now fits
-    beside the workers it starts: 4 x (313.9 - 308.95 - 94 x 0.0275) / 7 = 1.35 MiB dearer."""
-    from memd.policy.budget import Pool
-    from memd.policy.controller import _rebuild_cost
-
-    curve = Curve(int(689.0 * MiB), int(1.2 * MiB), "fit", 5, 1.0, observed=((126, int(838.4 * MiB)),), noise=0.001,
-                  kills=True)  # its line, tilted up by the lives: 124 at 837.8 MiB, 125 at 839.0
-    uss = (314.8, 314.1, 313.7, 313.0)
-    lives = ((0, 32, int(308.95 * MiB)), (7, 126, int(313.9 * MiB)))
-    workers = WorkerFacts(cpus=2.0, uss=tuple(int(u * MiB) for u in uss), cost=int(314.8 * MiB), running=4, newest=4,
-                          count_held=True, level=int(311.3 * MiB), levelled=True, queued=int(27.7 * MiB),
-                          queued_high=int(27.7 * MiB), queued_per_sample=27.7 * MiB / 126, lives=lives)
-    assert _rebuild_cost(Limits(num_workers=4), workers) / MiB == pytest.approx(1.35, abs=0.02)
-
-    def plan(batch, peak, beside, budget=838.2):
-        def decided(free):
-            pool = Pool("host", "cpu", 2 * GiB, free, int(peak * MiB), 13 * MiB)
-            return decide(curve, pool, Limits(num_workers=4), ControlState(batch=batch), "ok", CFG, workers=beside,
-                          latest_batch=batch, latest_peak=int(peak * MiB))
-        low, high = 0, 2 * GiB  # the pool whose budget beside them was measured
-        while high - low > 1:
-            low, high = (low, (low + high) // 2) if decided((low + high) // 2).budget_bytes >= budget * MiB \
-                else ((low + high) // 2, high)
-        decision = decided(high)
-        assert abs(decision.budget_bytes - budget * MiB) < 0.01 * MiB
-        return decision.plan
-
-    assert plan(126, 838.4, replace(workers, lives=())).batch_size == 124  # as it went: where it fit beside these
-    cut = plan(126, 838.4, workers)
-    assert cut.batch_size == 123 and "beside the workers a change starts" in cut.reason, cut.reason
-    assert plan(126, 838.4, replace(workers, follows=True)).batch_size == 124  # a loader that keeps its workers
-    # Growth the same way: 124 fits beside these (3 %), 123 beside the next ones (under 3 %).
-    assert plan(120, 833.6, replace(workers, lives=())).batch_size == 124
-    kept = plan(120, 833.6, workers)
-    assert kept.batch_size == 120 and "not worth a change" in kept.reason, kept.reason
-
-
-def test_the_lives_of_a_jobs_workers_are_told_apart_by_the_changes_of_batch():
-    """What a change costs the workers is read off the job's lives: the real batch-64 trace's four
-    workers (levelled at 314 MiB) as the first life, then the same trace again, after two changes
-    of batch, as four new workers 2 MiB dearer each. A read taken while the job still ran its old
-    batch (its loader's old workers) is not taken for the new ones."""
-    reads = _worker_growth_traces()["batch 64, 4 workers, 700 steps"]
-    read = _worker_reader()
-    session = read.session
-    session.latest_batch, session.state = 64, ControlState(batch=64)
-    for at, workers in reads:
-        facts = read(at, workers, 8)
-    assert facts.lives == ((0, 64, 314 * MiB),), facts.lives
-    session.planner.changes, session.state = 2, ControlState(batch=70)  # planned; the job still runs 64
-    at = reads[-1][0]
-    facts = read(at + 2, reads[-1][1], 8)
-    assert len(facts.lives) == 1
-    session.latest_batch = 70
-    for t, workers in reads:
-        facts = read(at + 10 + t, [(cpu, uss + 2, anon + 2) for cpu, uss, anon in workers], 20)
-    assert facts.lives == ((0, 64, 314 * MiB), (2, 70, 316 * MiB)), facts.lives

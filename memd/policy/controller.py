@@ -80,9 +80,6 @@ class WorkerFacts:
     # The latest two reads of the job counted as many workers: False while its loader starts or
     # replaces them (and on the first read), when the count says nothing of what it will run.
     count_held: bool = True
-    # (changes of batch by then, the batch, the workers' level) of the first and the latest life of
-    # the job's workers that levelled off (planner.worker_facts): what a change costs (_rebuild_cost).
-    lives: Tuple[Tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,16 +145,6 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         as_they_are = budget + workers.growth if workers.uss else None
         budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip, current or latest_batch)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
-    # What the workers a change of batch starts again will hold more than these (a loop that
-    # rebuilds its DataLoader at each change): a new batch must fit beside them, not these.
-    rebuild = _rebuild_cost(limits, workers) if as_they_are is not None and workers is not None else 0
-    moved = _memory_move(curve, budget - rebuild, limits, current, latest_peak, latest_batch, cfg) \
-        if rebuild and budget is not None and current is not None else None
-    dearer = _started_again(rebuild, workers) if moved is not None and workers is not None else ""
-    if moved is not None and current is not None and limit > current and moved[0] < limit:
-        limit, reason = (moved[0], moved[1]) if moved[0] > current else (current, "keeping %d: %d would fit beside " \
-            "these workers, not beside those a change of batch starts" % (current, limit))
-        reason += "; " + dearer
     cap = state.cap
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
         cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
@@ -179,18 +166,6 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, within the %.2f GiB " \
                 "budget, and a cut under %.0f %% is not worth a change of batch (each one restarts its workers' " \
                 "copying)" % (current, latest_peak / GiB, budget / GiB, 100 * cfg.min_gain), capped
-        if moved is not None and limit < current and not reason.startswith("probing"):
-            # A cut to where the batch fits beside these workers, and no further, was undone by the
-            # next ones: each change of the four-workers loop's batch left its workers about 1.5 MiB
-            # dearer together, each cut gave back about that, and its batch went 137 -> 94 in
-            # twenty changes, each one past the budget by 0.1-1.6 MiB. It goes to where the batch
-            # fits beside the workers the cut starts.
-            deeper = min(moved[0], _clear_of(curve, latest_peak, budget - rebuild, current) if outgrown else moved[0])
-            deeper = max(deeper, current // 2, 1)
-            if deeper < limit:
-                limit, reason = deeper, "down to %d, where it fits beside the workers a change starts: %s" % (
-                    deeper, dearer)
-                cap = (current, limit, budget) if outgrown else cap
 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
@@ -318,30 +293,6 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
             return low, "%d: where its room was lowest within the last %.0f s (%.2f GiB below now, as its " \
                 "workers come and go)" % (low, cfg.worker_horizon_seconds, dip / GiB)
     return limit, reason
-
-
-def _rebuild_cost(limits: Limits, facts: WorkerFacts) -> int:
-    """What the workers a change of batch starts hold more than those it replaces, from the job's own
-    lives (WorkerFacts.lives): the rise of their level per change between its first and its latest
-    life that levelled off, less what the batch's own samples add to it, for the workers it runs.
-    A loop that rebuilds its DataLoader at each change forks workers that copy their dataset again,
-    each change a little dearer (the four-workers loop's levelled at 308.9 MiB at batch 32 and at
-    321.6 at 96, nineteen changes later); a loader that keeps its workers (``follows``) pays
-    nothing, nor a job whose lives show no rise."""
-    if facts.follows or len(facts.lives) < 2:
-        return 0
-    (c1, b1, l1), (c2, b2, l2) = facts.lives[0], facts.lives[-1]
-    if c2 <= c1:
-        return 0
-    each = (l2 - l1 - _per_sample(limits, facts) * (b2 - b1)) / (c2 - c1)
-    return int(max(0.0, each) * max(1, _running(facts)))
-
-
-def _started_again(rebuild: int, facts: WorkerFacts) -> str:
-    n = max(1, _running(facts))
-    return "each change of batch has left its %s %.4f GiB dearer (%s again)" % (
-        "worker" if n == 1 else "%d workers" % n, rebuild / GiB,
-        "it starts and copies its dataset" if n == 1 else "they start and copy their dataset")
 
 
 def _still_copying(batch: int, workers: WorkerFacts) -> str:

@@ -15,16 +15,32 @@ prints, for runs already logged, the median seconds a step took past the first 2
 workers have copied most of what they will), samples a second at that median, and the group's file
 pages (min and median over the last two thirds of the reads): a batch that runs only by evicting
 the pages its job maps is slow, not killed.
+
+A job whose workers copy what they read keeps growing long after a short probe ends, and at the
+group's limit it may run on by evicting and reading back its own code's pages (9-13 s a step
+instead of 0.5: not killed, but no longer training). Whether a batch fits a run as long as memd's
+is told by runs as long, one verdict each:
+
+    .venv/bin/python bench/composition.py --record workers-2g FILE...
+
+reads each run's steps (FILE.steps or FILE.steps.jsonl[.gz]): it *ran* (every step, the last
+ones as fast as the first), *thrashed* (a stretch of THRASH_WINDOW steps whose median took
+THRASH times the run's usual step) or *ended early* (killed, or stopped); and writes the row's
+``long`` feasible into docs/results/real/results.json: the largest batch whose runs all ran, every
+batch probed below it running too. The table then judges the row's methods against it
+(``--replot``).
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -50,6 +66,73 @@ def summarize(path: str) -> str:
             min(files), statistics.median(files), max(r["group"]["usage"] for r in reads))
 
 
+THRASH, THRASH_WINDOW = 3.0, 20  # steps this many times slower, this many in a row: thrashing
+USUAL = (20, 220)  # the steps that say how long a step usually takes: past the workers' first copying
+
+
+def verdict(steps: List[Dict], ended: bool) -> Dict:
+    """One run's outcome from its step events (each with ``dt``, in seconds), and whether it
+    reached its end: ran, thrashed (from which step) or ended early (at which step)."""
+    dts = [e["dt"] for e in steps]
+    usual = statistics.median(dts[USUAL[0]:USUAL[1]] or dts or [0.0])
+    for at in range(USUAL[0], len(dts) - THRASH_WINDOW + 1):
+        if statistics.median(dts[at:at + THRASH_WINDOW]) > THRASH * usual:
+            first = next(i for i in range(at, len(dts)) if dts[i] > THRASH * usual)
+            return {"outcome": "thrashed", "at_step": first, "usual_seconds": usual}
+    if not ended:
+        return {"outcome": "ended early", "at_step": len(dts), "usual_seconds": usual}
+    return {"outcome": "ran", "at_step": len(dts), "usual_seconds": usual}
+
+
+def long_feasible(probes: List[Dict]) -> Optional[int]:
+    """The largest batch whose runs all ran, every batch probed below it having run too; None
+    when the smallest probed did not."""
+    best = None
+    for batch in sorted({p["batch"] for p in probes}):
+        if not all(p["outcome"] == "ran" for p in probes if p["batch"] == batch):
+            break
+        best = batch
+    return best
+
+
+def _events(path: str) -> List[Dict]:
+    for candidate in (path + ".steps", path.replace(".jsonl", ".steps.jsonl")):
+        for name in (candidate, candidate + ".gz"):
+            if os.path.exists(name):
+                opener = gzip.open if name.endswith(".gz") else open
+                with opener(name, "rt") as f:
+                    return [json.loads(line) for line in f if line.strip()]
+    raise SystemExit("composition: no steps logged beside %s" % path)
+
+
+def record(row: str, paths: List[str], results: str) -> None:
+    """Each run's verdict, and the row's long feasible written into ``results``."""
+    probes = []
+    for path in paths:
+        events = _events(path)
+        steps = [e for e in events if e.get("e") == "step"]
+        if not steps:
+            raise SystemExit("composition: %s took no step" % path)
+        probe = dict(batch=steps[0]["batch"], steps=len(steps), file=os.path.basename(path),
+                     **verdict(steps, any(e.get("e") == "end" for e in events)))
+        probes.append(probe)
+        print("%(file)s: batch %(batch)d, %(steps)d steps: %(outcome)s (step %(at_step)d; "
+              "usually %(usual_seconds).2f s a step)" % probe)
+    with open(results) as f:
+        data = json.load(f)
+    result = next(r for r in data["results"] if r["row"]["name"] == row)
+    found = result["feasible"]
+    best = long_feasible(probes)
+    found["long"] = {"batch": best, "steps": max(p["steps"] for p in probes if p["outcome"] == "ran"),
+                     "probes": sorted(probes, key=lambda p: p["batch"])}
+    if best is None:
+        raise SystemExit("composition: the smallest batch probed did not run; probe smaller ones (nothing written)")
+    found["batch"] = min(max(found["plain"]["batch"], found["steady"]["batch"]), best)
+    with open(results, "w") as f:
+        json.dump(data, f, indent=1)
+    print("%s: fits a long run at %d; judged against %d" % (row, best, found["batch"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row", default="workers-2g", choices=sorted(realjobs.ROWS))
@@ -60,7 +143,14 @@ def main() -> None:
     parser.add_argument("--switch-after", type=int, default=0)
     parser.add_argument("--with-session", action="store_true", help="the job talks to memd (MEMD_ENDPOINT) too")
     parser.add_argument("--summarize", nargs="+", metavar="FILE", help="summarize runs logged before")
+    parser.add_argument("--record", metavar="ROW", help="with FILE...: each run's verdict, and ROW's long feasible "
+                                                         "written into --results")
+    parser.add_argument("files", nargs="*", metavar="FILE")
+    parser.add_argument("--results", default=os.path.join(realjobs.ROOT, "docs", "results", "real", "results.json"))
     args = parser.parse_args()
+    if args.record:
+        record(args.record, args.files, args.results)
+        return
     if args.summarize:
         for path in args.summarize:
             print(summarize(path))

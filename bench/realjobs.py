@@ -441,7 +441,9 @@ def _feasible_cell(result: Dict) -> str:
     plain, steady = found.get("plain"), found.get("steady")
     if plain is None or steady is None:
         return str(found["batch"])
-    return "%d (plain heap %d, steady %d)" % (found["batch"], plain["batch"], steady["batch"])
+    long = found.get("long")  # what ran as long as the methods do (bench/composition.py --record)
+    return "%d (plain heap %d, steady %d%s)" % (found["batch"], plain["batch"], steady["batch"],
+                                                "; %s in %d steps" % (long["batch"], long["steps"]) if long else "")
 
 
 def plot(result: Dict, path: str) -> None:

@@ -244,8 +244,12 @@ def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
 
 def method_fixed(shape: Shape, args) -> None:
     """--batch every step; with --switch-from B0 --switch-after N, B0 for the first N steps (a loop
-    that started at its default and then moved, rebuilding its loader, as an adaptive method's does)."""
+    that started at its default and then moved, rebuilding its loader, as an adaptive method's does;
+    its heap trimmed at the move, as memd's client trims at each change)."""
     def batch_for(i):
+        if args.switch_from and i == args.switch_after:
+            from memd.client.heap import trim_heap
+            trim_heap()
         return (args.switch_from if args.switch_from and i < args.switch_after else args.batch), 1, None
 
     if not args.with_session:

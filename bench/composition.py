@@ -123,10 +123,10 @@ def record(row: str, paths: List[str], results: str) -> None:
     result = next(r for r in data["results"] if r["row"]["name"] == row)
     found = result["feasible"]
     best = long_feasible(probes)
-    found["long"] = {"batch": best, "steps": max(p["steps"] for p in probes if p["outcome"] == "ran"),
-                     "probes": sorted(probes, key=lambda p: p["batch"])}
     if best is None:
         raise SystemExit("composition: the smallest batch probed did not run; probe smaller ones (nothing written)")
+    found["long"] = {"batch": best, "steps": max(p["steps"] for p in probes if p["outcome"] == "ran"),
+                     "probes": sorted(probes, key=lambda p: p["batch"])}
     found["batch"] = min(max(found["plain"]["batch"], found["steady"]["batch"]), best)
     with open(results, "w") as f:
         json.dump(data, f, indent=1)

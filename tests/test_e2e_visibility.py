@@ -164,9 +164,9 @@ def test_two_loopback_tcp_peers_of_different_users_share_the_slots_as_two_users(
         assert jobs == ["nobodys-%d" % i for i in range(4)] + ["roots-%d" % i for i in range(4)], jobs
         with pytest.raises(Refused):
             _hello(endpoint, "roots-again")  # four each: root takes none back
-        # Each of root's tokens, evicted or not, may say bye. Once on CI (2 cores, the suite's
-        # 336 s) a bye went unanswered for 2 s and nothing here showed why: the wait is now the
-        # daemon's stop timeout, and a miss shows what the daemon logged.
+        # Each of root's tokens, evicted or not, may say bye. Once on CI (the suite's 336 s) a
+        # bye went unanswered for 2 s and nothing here showed why: the wait is now the daemon's
+        # stop timeout, and a miss shows what the daemon logged.
         for token in tokens:
             try:
                 call("bye", endpoint=endpoint, timeout=10.0, token=token)

@@ -28,7 +28,8 @@ ones as fast as the first), *thrashed* (a stretch of THRASH_WINDOW steps whose m
 THRASH times the run's usual step) or *ended early* (killed, or stopped); and writes the row's
 ``long`` feasible into docs/results/real/results.json: the largest batch whose runs all ran, every
 batch probed below it running too. The table then judges the row's methods against it
-(``--replot``).
+(``--replot``); where even the smallest batch probed failed once, the cell says the long feasible
+is below it and the methods stay judged against the short probes.
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def verdict(steps: List[Dict], ended: bool) -> Dict:
 
 def long_feasible(probes: List[Dict]) -> Optional[int]:
     """The largest batch whose runs all ran, every batch probed below it having run too; None
-    when the smallest probed did not."""
+    when the smallest probed did not (then it is below that one)."""
     best = None
     for batch in sorted({p["batch"] for p in probes}):
         if not all(p["outcome"] == "ran" for p in probes if p["batch"] == batch):
@@ -123,14 +124,20 @@ def record(row: str, paths: List[str], results: str) -> None:
     result = next(r for r in data["results"] if r["row"]["name"] == row)
     found = result["feasible"]
     best = long_feasible(probes)
-    if best is None:
-        raise SystemExit("composition: the smallest batch probed did not run; probe smaller ones (nothing written)")
-    found["long"] = {"batch": best, "steps": max(p["steps"] for p in probes if p["outcome"] == "ran"),
+    failed = [p["batch"] for p in probes if p["outcome"] != "ran"]
+    found["long"] = {"batch": best, "below": None if best is not None else min(failed),
+                     "steps": max(p["steps"] for p in probes if p["outcome"] == "ran") if len(failed) < len(probes)
+                     else max(p["steps"] for p in probes),
                      "probes": sorted(probes, key=lambda p: p["batch"])}
-    found["batch"] = min(max(found["plain"]["batch"], found["steady"]["batch"]), best)
+    # Judged against the long feasible where one is known; where even the smallest batch probed
+    # failed once, it is below that, by how much unknown: the short probes' batch stays.
+    found["batch"] = max(found["plain"]["batch"], found["steady"]["batch"])
+    if best is not None:
+        found["batch"] = min(found["batch"], best)
     with open(results, "w") as f:
         json.dump(data, f, indent=1)
-    print("%s: fits a long run at %d; judged against %d" % (row, best, found["batch"]))
+    print("%s: fits a long run at %s; judged against %d" % (
+        row, best if best is not None else "none probed (below %d)" % min(failed), found["batch"]))
 
 
 def main() -> None:

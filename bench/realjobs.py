@@ -442,8 +442,11 @@ def _feasible_cell(result: Dict) -> str:
     if plain is None or steady is None:
         return str(found["batch"])
     long = found.get("long")  # what ran as long as the methods do (bench/composition.py --record)
-    return "%d (plain heap %d, steady %d%s)" % (found["batch"], plain["batch"], steady["batch"],
-                                                "; %s in %d steps" % (long["batch"], long["steps"]) if long else "")
+    said = ""
+    if long:
+        said = "; %s in %d steps" % (long["batch"] if long["batch"] is not None else "below %d" % long["below"],
+                                     long["steps"])
+    return "%d (plain heap %d, steady %d%s)" % (found["batch"], plain["batch"], steady["batch"], said)
 
 
 def plot(result: Dict, path: str) -> None:

@@ -26,10 +26,10 @@ is told by runs as long, one verdict each:
 reads each run's steps (FILE.steps or FILE.steps.jsonl[.gz]): it *ran* (every step, the last
 ones as fast as the first), *thrashed* (a stretch of THRASH_WINDOW steps whose median took
 THRASH times the run's usual step) or *ended early* (killed, or stopped); and writes the row's
-``long`` feasible into docs/results/real/results.json: the largest batch whose runs all ran, every
-batch probed below it running too. The table then judges the row's methods against it
-(``--replot``); where even the smallest batch probed failed once, the cell says the long feasible
-is below it and the methods stay judged against the short probes.
+``long`` feasible into docs/results/real/results.json: the largest batch whose runs (MIN_RUNS at
+least) all ran, every batch probed below it running too. The table then judges the row's methods
+against it (``--replot``); until one is known the cell says what is (below the smallest batch that
+failed) and the methods stay judged against the short probes.
 """
 from __future__ import annotations
 
@@ -85,14 +85,19 @@ def verdict(steps: List[Dict], ended: bool) -> Dict:
     return {"outcome": "ran", "at_step": len(dts), "usual_seconds": usual}
 
 
+MIN_RUNS = 3  # runs a batch must have, all run, to count: 129 ran twice, then was killed at step 222
+
+
 def long_feasible(probes: List[Dict]) -> Optional[int]:
-    """The largest batch whose runs all ran, every batch probed below it having run too; None
-    when the smallest probed did not (then it is below that one)."""
+    """The largest batch whose runs, MIN_RUNS of them at least, all ran, every batch probed below
+    it having run too; None when none is (then it is below the smallest that failed)."""
     best = None
     for batch in sorted({p["batch"] for p in probes}):
-        if not all(p["outcome"] == "ran" for p in probes if p["batch"] == batch):
+        runs = [p for p in probes if p["batch"] == batch]
+        if not all(p["outcome"] == "ran" for p in runs):
             break
-        best = batch
+        if len(runs) >= MIN_RUNS:
+            best = batch
     return best
 
 
@@ -124,20 +129,20 @@ def record(row: str, paths: List[str], results: str) -> None:
     result = next(r for r in data["results"] if r["row"]["name"] == row)
     found = result["feasible"]
     best = long_feasible(probes)
+    ran = [p for p in probes if p["outcome"] == "ran"]
     failed = [p["batch"] for p in probes if p["outcome"] != "ran"]
-    found["long"] = {"batch": best, "below": None if best is not None else min(failed),
-                     "steps": max(p["steps"] for p in probes if p["outcome"] == "ran") if len(failed) < len(probes)
-                     else max(p["steps"] for p in probes),
+    found["long"] = {"batch": best, "below": min(failed) if best is None and failed else None,
+                     "steps": max(p["steps"] for p in (ran or probes)),
                      "probes": sorted(probes, key=lambda p: p["batch"])}
-    # Judged against the long feasible where one is known; where even the smallest batch probed
-    # failed once, it is below that, by how much unknown: the short probes' batch stays.
+    # Judged against the long feasible once one is known; until then (a failure at the smallest
+    # batch probed, or too few runs below it) the short probes' batch stays.
     found["batch"] = max(found["plain"]["batch"], found["steady"]["batch"])
     if best is not None:
         found["batch"] = min(found["batch"], best)
     with open(results, "w") as f:
         json.dump(data, f, indent=1)
-    print("%s: fits a long run at %s; judged against %d" % (
-        row, best if best is not None else "none probed (below %d)" % min(failed), found["batch"]))
+    said = best if best is not None else "below %d" % min(failed) if failed else "not known yet"
+    print("%s: the long feasible is %s; judged against %d" % (row, said, found["batch"]))
 
 
 def main() -> None:

@@ -444,8 +444,9 @@ def _feasible_cell(result: Dict) -> str:
     long = found.get("long")  # what ran as long as the methods do (bench/composition.py --record)
     said = ""
     if long:
-        said = "; %s in %d steps" % (long["batch"] if long["batch"] is not None else "below %d" % long["below"],
-                                     long["steps"])
+        known = long["batch"] if long["batch"] is not None else \
+            "below %d" % long["below"] if long.get("below") else "not known"
+        said = "; %s in %d steps" % (known, long["steps"])
     return "%d (plain heap %d, steady %d%s)" % (found["batch"], plain["batch"], steady["batch"], said)
 
 

@@ -49,14 +49,25 @@ from bench import realjobs  # noqa: E402
 from bench.reads import read  # noqa: E402
 
 
+def _load(name: str) -> List[Dict]:
+    """The JSON lines of a log, kept plain or gzipped."""
+    with (gzip.open(name, "rt") if name.endswith(".gz") else open(name)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _events(path: str) -> List[Dict]:
+    """The job's step events logged beside the reads in ``path``: FILE.steps as written, or
+    FILE.steps.jsonl[.gz] as kept in docs/results/real/composition."""
+    for candidate in (path + ".steps", path.replace(".jsonl", ".steps.jsonl")):
+        for name in (candidate, candidate + ".gz"):
+            if os.path.exists(name):
+                return _load(name)
+    raise SystemExit("composition: no steps logged beside %s" % path)
+
+
 def summarize(path: str) -> str:
-    steps_path = path + ".steps"
-    if not os.path.exists(steps_path) and path.endswith(".jsonl"):
-        steps_path = path[:-len(".jsonl")] + ".steps.jsonl"  # as kept in docs/results/real/composition
-    with open(steps_path) as f:
-        steps = [e for e in map(json.loads, f) if e.get("e") == "step"]
-    with open(path) as f:
-        reads = [r for r in map(json.loads, f) if r.get("group") and r.get("workers")]
+    steps = [e for e in _events(path) if e.get("e") == "step"]
+    reads = [r for r in _load(path) if r.get("group") and r.get("workers")]
     reads = reads[len(reads) // 3:]
     late = [e["dt"] for e in steps[20:]] or [e["dt"] for e in steps]
     median = statistics.median(late)
@@ -99,16 +110,6 @@ def long_feasible(probes: List[Dict]) -> Optional[int]:
         if len(runs) >= MIN_RUNS:
             best = batch
     return best
-
-
-def _events(path: str) -> List[Dict]:
-    for candidate in (path + ".steps", path.replace(".jsonl", ".steps.jsonl")):
-        for name in (candidate, candidate + ".gz"):
-            if os.path.exists(name):
-                opener = gzip.open if name.endswith(".gz") else open
-                with opener(name, "rt") as f:
-                    return [json.loads(line) for line in f if line.strip()]
-    raise SystemExit("composition: no steps logged beside %s" % path)
 
 
 def record(row: str, paths: List[str], results: str) -> None:

@@ -239,21 +239,6 @@ def room_dip(pool: budget.Pool, session: SessionRecord, since: float) -> int:
     return max(0, high - min(r for at, r in reads if at >= since))
 
 
-def room_rise(pool: budget.Pool, session: SessionRecord, since: float) -> int:
-    """How far the pool's median room in the reads since ``since`` stood above the room
-    steadied() gives now. Beside workers the room dips by several MiB from read to read at one
-    batch (the four-workers loop's budget ranged 835-841 MiB within 25 s at 124, its steps at
-    834.6): a cut on the latest read's room cuts on the first dip below a step that fits, and
-    after each cut the next dip cut again (124 -> 121 -> 119 -> 116 -> 114 in 320 s, every cut
-    at a read 4-7 MiB below the median of the 30 s before it). A cut goes by the median
-    (controller.decide), as growth goes by the lowest (room_dip)."""
-    reads = [r + w for at, capacity, r, w in session.planner.rooms if capacity == pool.capacity_bytes and at >= since]
-    recent = [r + w for _, capacity, r, w in list(session.planner.rooms)[-2:] if capacity == pool.capacity_bytes]
-    if pool.own_bytes is None or not reads or not recent:
-        return 0
-    return max(0, int(statistics.median(reads)) - max(recent))
-
-
 def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, sessions: Iterable[SessionRecord],
                  jobs: Dict[int, JobMemory], cfg: PolicyConfig) -> Decision:
     job = jobs.get(session.pid) if session.local else None
@@ -304,13 +289,12 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     # their own and overshot it.
     kept = session.budget_bytes if pool.own_bytes is None and session.holding_unknown() else None
     since = job.monotonic - cfg.worker_horizon_seconds if job is not None else snapshot.monotonic
-    beside = workers.uss and pool.name == budget.HOST
-    dip, rise = (room_dip(pool, session, since), room_rise(pool, session, since)) if beside else (0, 0)
+    dip = room_dip(pool, session, since) if workers.uss and pool.name == budget.HOST else 0
     decision = decide(
         curve, None if gpu_gone or unread or gpu_unknown else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=settling(session), budget_bytes=kept,
-        workers=workers, grow_dip=dip, cut_rise=rise,
+        workers=workers, grow_dip=dip,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:

@@ -543,8 +543,7 @@ def test_beside_workers_growth_waits_for_room_that_lasts():
     a rebuild, as the fresh workers no longer share the pages the trainer had rewritten since
     the old ones were forked. A plan grown on a high read was cut on the next low one: 69, 135,
     94, 87, 81, 102, 69 in 30 s. The cut still goes by the room now; growth goes by the lowest
-    room within the horizon (30 s); a cut goes by the room now, or by its median where that
-    spares a step that fits what the group can give now (below)."""
+    room within the horizon (30 s)."""
     from memd.planner import room_dip, steadied
     from memd.sampling.snapshot import ProcessMemory
     from memd.sessions import SessionRecord
@@ -1382,55 +1381,6 @@ def test_beside_workers_the_spread_does_not_cut_while_the_steps_fit():
     assert kept.batch_size == 116 and kept.reason.startswith("keeping 116: its latest step peaked"), kept.reason
     assert plan(int(830.9 * MiB), None).batch_size == 111  # no workers: the spread's cut, as before
     assert plan(int(835.0 * MiB)).batch_size < 112  # past the budget: cut, by the spread too
-
-
-def test_beside_workers_a_cut_goes_by_the_room_the_pool_has_held_not_one_reads_dip():
-    """The four-workers loop (workers-2g, helpers, at 36b574e; this VM, 2026-11-28): its workers
-    levelled at 314-316 MiB each and its steps at 124 peaked at 834.6 MiB, steady, while its
-    budget read 835-841 MiB from read to read (841.0 the median of the 30 s before the cut). At
-    a read of 834.0 it was cut, and each later dip cut again: 124 -> 121 -> 119 -> 116 -> 114
-    in 320 s, every cut at a read 4-7 MiB below the median before it, where 123 ran 2400 steps
-    in three runs of three. A cut goes by the median room within the horizon, never past what
-    the room now holds before its margin (8 MiB in that group); a drop past that cuts."""
-    from memd.planner import room_rise, steadied
-    from memd.policy.budget import Pool
-    from memd.sampling.snapshot import ProcessMemory
-    from memd.sessions import SessionRecord
-
-    session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None, limits=Limits(),
-                            created=0.0, last_seen=0.0)
-
-    def read(at, usage):  # the room: free, the trainer and its workers' own memory
-        job = JobMemory(pid=7, processes=(ProcessMemory(7, 1, "trainer", 730 * MiB, None, None),) + tuple(
-            ProcessMemory(8 + i, 7, "pt_data_worker", 600 * MiB, None, 315 * MiB) for i in range(4)),
-            cgroup=Cgroup(1, "/memd-bench", 2 * GiB, usage * MiB, working_set_bytes=usage * MiB),
-            errors=(), monotonic=at, trainer_rss_bytes=730 * MiB)
-        return steadied(host_pool(host(), job, CFG), session, job)
-
-    for at in range(6):
-        pool = read(at * 0.6, 1914)
-    assert room_rise(pool, session, since=-30.0) == 0
-    read(3.6, 1921)
-    pool = read(4.2, 1921)  # two reads 7 MiB lower: the room now, as steadied() gives it
-    assert room_rise(pool, session, since=-30.0) == 7 * MiB
-    assert room_rise(pool, session, since=3.0) == 0  # the higher reads are older than the horizon
-
-    curve = Curve(int(698.2 * MiB), int(1.1 * MiB), "fit", 5, 1.0, observed=((124, int(834.6 * MiB)),),
-                  noise=0.001, kills=True)
-    workers = WorkerFacts(cpus=2.0, uss=(int(315 * MiB),) * 4, cost=int(315 * MiB), running=4, newest=4,
-                          count_held=True, level=int(315 * MiB), levelled=True)
-
-    def plan(rise, peak=834.6, beside=workers):
-        at = int(peak * MiB)
-        room = Pool("host", "cpu", 2 * GiB, int((834.0 + 8) * MiB) - at, at, 8 * MiB)
-        return decide(curve, room, Limits(num_workers=4), ControlState(batch=124), "ok", CFG, workers=beside,
-                      latest_batch=124, latest_peak=at, cut_rise=int(rise * MiB)).plan
-
-    assert plan(0).batch_size < 124  # the run: the latest read alone, and the step 0.6 MiB past it
-    kept = plan(7.0)
-    assert kept.batch_size == 124 and "budget its pool has held over the last reads" in kept.reason, kept.reason
-    assert plan(7.0, peak=842.5).batch_size < 124  # past the room now itself: cut, whatever the median
-    assert plan(7.0, beside=None).batch_size < 124  # no workers: the room now decides, as before
 
 
 def test_levelled_workers_cost_what_they_hold_not_the_most_one_held_this_run():

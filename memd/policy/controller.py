@@ -124,16 +124,13 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
            cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
            workers: Optional[WorkerFacts] = None, host_total_bytes: Optional[int] = None,
            host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
-           settling: bool = False, budget_bytes: Optional[int] = None, grow_dip: int = 0,
-           cut_rise: int = 0) -> Decision:
+           settling: bool = False, budget_bytes: Optional[int] = None, grow_dip: int = 0) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
     measured; by default its latest peak. ``settling``: the latest report is the first at its
     batch since a change (fit.Observation.settling). ``budget_bytes``: the budget to keep instead
     of the pool's, when what the job holds is unknown and the pool's free memory cannot be paired
     with it. ``grow_dip``: how much lower the pool's room was within the horizon; growth waits
-    for room at the lowest (planner.room_dip). ``cut_rise``: how much higher the pool's median
-    room was within the horizon (planner.room_rise); beside workers a cut goes by that median,
-    never past what the room now holds before its margin, and elsewhere by the room now."""
+    for room at the lowest (planner.room_dip), while a cut goes by the room now."""
     budget: Optional[int]
     if budget_bytes is not None:
         budget = budget_bytes
@@ -169,17 +166,6 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, within the %.2f GiB " \
                 "budget, and a cut under %.0f %% is not worth a change of batch (each one restarts its workers' " \
                 "copying)" % (current, latest_peak / GiB, budget / GiB, 100 * cfg.min_gain), capped
-        held = budget + min(cut_rise, pool.margin_bytes) if pool is not None else budget
-        if (workers is not None and workers.uss and outgrown and latest_peak is not None
-                and budget < latest_peak <= held and limit < current and not reason.startswith("probing")):
-            # A step that fits the room the pool has held, cut on one read's dip below it: the
-            # four-workers loop's budget swung 835-841 MiB read to read at 124, its steps steady
-            # at 834.6, and each dip cut it (124 -> 121 -> 119 -> 116 -> 114 in 320 s, 92.7 % of
-            # the 123 that ran 2400 steps three times in three). The margin bounds the wait: the
-            # step still fits what the group can give at the latest read.
-            limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, within the %.2f GiB " \
-                "budget its pool has held over the last reads (the latest read %.3f GiB lower)" % (
-                    current, latest_peak / GiB, held / GiB, (held - budget) / GiB), capped
 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,

@@ -34,7 +34,6 @@ failed) and the methods stay judged against the short probes.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import statistics
@@ -46,12 +45,12 @@ from typing import Dict, List, Optional
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import realjobs  # noqa: E402
-from bench.reads import read  # noqa: E402
+from bench.reads import opened, read  # noqa: E402
 
 
 def _load(name: str) -> List[Dict]:
     """The JSON lines of a log, kept plain or gzipped."""
-    with (gzip.open(name, "rt") if name.endswith(".gz") else open(name)) as f:
+    with opened(name) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -142,8 +141,7 @@ def record(row: str, paths: List[str], results: str) -> None:
         found["batch"] = min(found["batch"], best)
     with open(results, "w") as f:
         json.dump(data, f, indent=1)
-    said = best if best is not None else "below %d" % min(failed) if failed else "not known yet"
-    print("%s: the long feasible is %s; judged against %d" % (row, said, found["batch"]))
+    print("%s: the long feasible is %s; judged against %d" % (row, realjobs.long_known(found["long"]), found["batch"]))
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Iterator, List, Optional
+from typing import IO, Iterator, List, Optional
 
 STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
@@ -123,11 +123,16 @@ class Reader:
         self.out.close()
 
 
+def opened(path: str) -> IO[str]:
+    """A log as written or gzipped as kept in docs/results."""
+    return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+
+
 def lives(path: str) -> Iterator[dict]:
     """The lives of a logged job's workers (see the module's docstring), oldest first."""
     life: Optional[dict] = None
     before: List[float] = []
-    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+    with opened(path) as f:
         for line in f:
             r = json.loads(line)
             workers = [w for w in r.get("workers") or [] if isinstance(w, dict) and w.get("private") is not None]

@@ -442,12 +442,15 @@ def _feasible_cell(result: Dict) -> str:
     if plain is None or steady is None:
         return str(found["batch"])
     long = found.get("long")  # what ran as long as the methods do (bench/composition.py --record)
-    said = ""
-    if long:
-        known = long["batch"] if long["batch"] is not None else \
-            "below %d" % long["below"] if long.get("below") else "not known"
-        said = "; %s in %d steps" % (known, long["steps"])
+    said = "; %s in %d steps" % (long_known(long), long["steps"]) if long else ""
     return "%d (plain heap %d, steady %d%s)" % (found["batch"], plain["batch"], steady["batch"], said)
+
+
+def long_known(long: Dict) -> str:
+    """What the long runs tell of a row's feasible batch: the batch, or that it is below one."""
+    if long["batch"] is not None:
+        return str(long["batch"])
+    return "below %d" % long["below"] if long.get("below") else "not known"
 
 
 def plot(result: Dict, path: str) -> None:

@@ -17,7 +17,7 @@ only when the server has caught up (``decisive``), so that whole messages waitin
 a busy daemon are not taken for streams. While the daemon's resident memory is over its limit
 (what it had when it began serving, plus ``HEADROOM``) such connections are shut down
 (``shutdown(2)`` on the duplicate, no linger): libzmq then drops the half-received message and
-frees it (the C heap is trimmed at the next look), and the peer may connect again. Over the
+frees it (the C heap is trimmed at the looks that follow), and the peer may connect again. Over the
 limit the next look comes ``SOON``, so a stream is cut about one interval after the limit is
 passed: libzmq's I/O thread takes in up to 2 GB/s here, 20-25 MB in that time (docs/results.md),
 and nothing but a look bounds it: no socket option does.
@@ -49,6 +49,7 @@ log = structlog.get_logger("memd.guard")
 INTERVAL = 0.01  # seconds between looks: what libzmq takes in meanwhile is the bound's slack
 STREAK = 2  # looks with bytes received and no message delivered: one could be a message in passing
 SOON = 0.002  # seconds to the next look while over the limit with a connection at one such look
+TRIM_WINDOW = 1.0  # seconds after a cut in which each look trims the heap while the RSS is over the limit
 HEADROOM = 16 * MiB  # what peers' unfinished messages may add to the RSS (the fuzzer's other shapes: 15 MB)
 MAX_CONNECTIONS = 512  # each costs ~28 KB; 256 sessions and the commands beside them
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
@@ -67,11 +68,15 @@ def descriptor(frame: zmq.Frame) -> Optional[int]:
     return fd if isinstance(fd, int) else None
 
 
+def over_limit(rss: Optional[int], limit: Optional[int]) -> bool:
+    return rss is not None and limit is not None and rss > limit
+
+
 def to_cut(streaks: Mapping[int, int], rss: Optional[int], limit: Optional[int]) -> List[int]:
     """The connections to shut down: over the memory limit, those that kept receiving for
     STREAK looks without delivering an allowed message. Under it nobody: an unfinished message
     is only a harm by the memory it holds, and a slow link may be honest."""
-    if rss is None or limit is None or rss <= limit:
+    if not over_limit(rss, limit):
         return []
     return sorted(fd for fd, streak in streaks.items() if streak >= STREAK)
 
@@ -109,7 +114,7 @@ class Guard:
         self.cut = 0  # connections shut down for what libzmq held for them, ever
         self.refused = 0  # connections shut down for being beyond max_connections, ever
         self.throttle = Throttle(interval=60.0, clock=clock)
-        self._trim_due = False
+        self._cut_at = -math.inf  # monotonic time of the last cut
         self._srcfd = True
         self._active: Set[int] = set()  # connections that received bytes since the last decisive look
         self._streaking = False  # whether a streak is above 0
@@ -152,16 +157,19 @@ class Guard:
         assert self.monitor is not None
         if int(self.monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._events()
-        if self._trim_due:
-            self._trim_due = False
-            self.trim()  # what libzmq freed for the connections cut at the last look
+        if now - self._cut_at < TRIM_WINDOW and over_limit(self.rss(), self.limit):
+            # libzmq frees a cut connection's frames once its I/O thread and the server's socket
+            # have both let go of them: under load that can be looks after the cut (seen: 6 MB
+            # over the limit seconds after, when one trim came at the next look). A trim that
+            # finds nothing to give back costs about a millisecond.
+            self.trim()
         if self.limit is None:
             rss = self.rss()
             self.limit = None if rss is None else rss + self.headroom
         if self._epoll is not None:
             for dup, _ in self._epoll.poll(0):
                 self._active.add(self._by_dup[dup])
-        self.idle = not self._active and not self._streaking and not self._trim_due
+        self.idle = not self._active and not self._streaking and now - self._cut_at >= TRIM_WINDOW
         if self.idle:
             self.delivered.clear()
             self.due = math.inf  # until bytes or a connection come (``wakers``): no look, no wake-up
@@ -183,7 +191,7 @@ class Guard:
             self._forget(fd)  # libzmq reads the end and closes its descriptor: the socket is gone
         if cut:
             self.cut += len(cut)
-            self._trim_due = True
+            self._cut_at = now
             held = self.throttle.allow("cut")
             if held is not None:
                 log.warning("connections_cut", reason="messages libzmq held past the memory limit",

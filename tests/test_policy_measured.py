@@ -1402,34 +1402,3 @@ def test_levelled_workers_cost_what_they_hold_not_the_most_one_held_this_run():
         if i == 1:
             assert facts.cost >= 317 * MiB  # two reads show it there: what it reached counts at once
     assert facts.levelled and facts.cost <= 315 * MiB, facts.cost / MiB  # all hold 314-315 again
-
-
-def test_a_batch_cut_on_a_dip_its_steps_did_not_follow_may_come_back_when_the_room_lasts():
-    """The four-workers loop (workers-2g, helpers, at e1644c0; this VM, 2026-11-28): its steps at
-    113 peaked at 829.8-830.0 MiB throughout; it was cut to 111 on a budget read of 829.3 MiB,
-    and at 111 (steps at 828.6-828.8) its budget stood at 833.9-841.9 MiB (10th to 90th
-    percentile, median 839.6) for the minute that followed. The cap held it at 111 for the rest of
-    the run, as it had held each of the eight batches on its way down from 131 (1173 of the
-    plans after 250 s said "N stopped fitting this run"). Once the budget at its lowest within
-    the horizon holds 113's highest step, the cap goes; while it does not, it stands."""
-    from memd.policy.budget import Pool
-
-    per_sample = 0.66  # MiB: its steps at 131 and 111 (842.0, 828.7)
-    curve = Curve(int((828.7 - 111 * per_sample) * MiB), int(per_sample * MiB), "fit", 13, 1.0,
-                  observed=((111, int(828.7 * MiB)), (113, int(830.0 * MiB))), noise=0.001, kills=True)
-    workers = WorkerFacts(cpus=2.0, uss=(int(315 * MiB),) * 4, cost=int(315 * MiB), evident=int(315 * MiB),
-                          running=4, newest=4, count_held=True, level=int(315 * MiB), levelled=True)
-    capped = ControlState(batch=111, cap=(113, 111, int(829.3 * MiB)))
-
-    def plan(budget, dip):
-        peak = int(828.7 * MiB)
-        pool = Pool("host", "cpu", 2 * GiB, int((budget + 13) * MiB) - peak, peak, 13 * MiB)
-        decision = decide(curve, pool, Limits(num_workers=4), capped, "ok", CFG, workers=workers,
-                          latest_batch=111, latest_peak=peak, grow_dip=int(dip * MiB))
-        return decision.plan, decision.state
-
-    grown, state = plan(839.6, 4.0)  # its median budget, its room 4 MiB lower within the horizon
-    assert grown.batch_size > 113 and state.cap is None, grown.reason
-    held, state = plan(839.6, 10.3)  # the dip it was cut on still within the horizon
-    assert held.batch_size == 111 and "113 stopped fitting this run" in held.reason and state.cap, held.reason
-    assert plan(830.5, 0.0)[0].batch_size == 111  # 113's highest step and its spread do not fit

@@ -89,9 +89,8 @@ class ControlState:
     stable: int = 0  # clean reports since the last cut
     critical_cut: bool = False  # the batch was already cut in the current critical episode
     # (a batch whose own steps stopped fitting this run, the batch the plan moved down to, the
-    # budget then): the plan grows no further than the second until the budget grows, or holds
-    # the first's highest step at its lowest within the horizon (_fits_again), so a job whose
-    # peaks straddle its budget settles instead of trying the edge again and again.
+    # budget then): the plan grows no further than the second until the budget grows, so a job
+    # whose peaks straddle its budget settles instead of trying the edge again and again.
     cap: Optional[Tuple[int, int, int]] = None
     cut_on: Optional[float] = None  # the read of the workers the latest cut beside them was decided on
 
@@ -147,9 +146,8 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip, current or latest_batch)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
-    if cap is not None and budget is not None and (budget > cap[2] * (1 + cfg.min_gain)
-                                                   or _fits_again(curve, cap[0], budget - grow_dip)):
-        cap = None  # the pool grew (another job left), or the dip it was cut on passed: it may fit now
+    if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
+        cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
     if current is not None and budget is not None and curve is not None:
         capped, line = cap, limit
         outgrown = latest_batch == current and curve.kills
@@ -345,19 +343,6 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
             reason = "down to %d: %d fits no longer (%s)" % (limit, current, reason)
         cap = (current, limit, budget)
     return limit, reason, cap
-
-
-def _fits_again(curve: Optional[Curve], batch: int, room: int) -> bool:
-    """Whether ``batch``, which stopped fitting, fits ``room`` (the budget at its lowest within the
-    horizon) by its own steps: the highest seen there plus the spread. A job whose steps straddle
-    its budget has a highest step above it and stays below; a budget that dipped under steps that
-    held still is no lasting limit. Held for the rest of the run instead, each cut on a dip stood:
-    the four-workers loop's steps at 113 peaked at 830.0 MiB all along, it was cut to 111 on a
-    budget read of 829.3, and its budget at 111 then stood at 833.9-841.9 MiB (10th to 90th
-    percentile) while it was held there, as it had been held at each of the eight batches on its
-    way down from 131."""
-    tops = [top for seen, top in curve.observed if seen == batch] if curve is not None else []
-    return bool(tops) and tops[0] * (1 + curve.noise) <= room
 
 
 def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> int:

@@ -17,10 +17,10 @@ only when the server has caught up (``decisive``), so that whole messages waitin
 a busy daemon are not taken for streams. While the daemon's resident memory is over its limit
 (what it had when it began serving, plus ``HEADROOM``) such connections are shut down
 (``shutdown(2)`` on the duplicate, no linger): libzmq then drops the half-received message and
-frees it (the C heap is trimmed at the looks that follow), and the peer may connect again. Over the
-limit the next look comes ``SOON``, so a stream is cut about one interval after the limit is
-passed: libzmq's I/O thread takes in up to 2 GB/s here, 20-25 MB in that time (docs/results.md),
-and nothing but a look bounds it: no socket option does.
+frees it (the C heap is trimmed at the looks that follow, ``TRIM_WINDOW``), and the peer may
+connect again. Over the limit the next look comes ``SOON``, so a stream is cut about one
+interval after the limit is passed: libzmq's I/O thread takes in up to 2 GB/s here, 20-25 MB in
+that time (docs/results.md), and nothing but a look bounds it: no socket option does.
 
 A well-behaved client is not cut: its messages are whole within a look. Connections beyond
 ``max_connections`` are shut down as they come (the newest go), logged at most once a minute.
@@ -159,9 +159,9 @@ class Guard:
             self._events()
         if now - self._cut_at < TRIM_WINDOW and over_limit(self.rss(), self.limit):
             # libzmq frees a cut connection's frames once its I/O thread and the server's socket
-            # have both let go of them: under load that can be looks after the cut (seen: 6 MB
-            # over the limit seconds after, when one trim came at the next look). A trim that
-            # finds nothing to give back costs about a millisecond.
+            # have both let go of them: under load that can be looks after the cut (CI: 5.5 MiB
+            # over the limit 5 s after a cut, when one trim came at the next look). A trim that
+            # finds nothing to give back costs 0.1-0.3 ms here.
             self.trim()
         if self.limit is None:
             rss = self.rss()

@@ -161,7 +161,7 @@ class Guard:
             # libzmq frees a cut connection's frames once its I/O thread and the server's socket
             # have both let go of them: under load that can be looks after the cut (CI: 5.5 MiB
             # over the limit 5 s after a cut, when one trim came at the next look). A trim that
-            # finds nothing to give back costs 0.1-0.3 ms here.
+            # finds nothing to give back costs 0.06-0.3 ms here.
             self.trim()
         if self.limit is None:
             rss = self.rss()

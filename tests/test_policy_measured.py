@@ -1402,3 +1402,47 @@ def test_levelled_workers_cost_what_they_hold_not_the_most_one_held_this_run():
         if i == 1:
             assert facts.cost >= 317 * MiB  # two reads show it there: what it reached counts at once
     assert facts.levelled and facts.cost <= 315 * MiB, facts.cost / MiB  # all hold 314-315 again
+
+
+def test_levelled_workers_each_cost_their_own_not_the_most_one_holds():
+    """The four-workers loop (workers-2g, helpers, at 39bb34d; this VM, 2026-11-28, the daemon's
+    inputs logged at each decision): at 120 its steps peaked at 830.3 MiB; its four workers had
+    levelled (the job's level 313.8 MiB) and held 315.7, 314.1, 314.3 and 310.6, the queue 33.9
+    MiB (eight batches of 120), the trainer 793.9 MiB, the group 54.4 MiB free of 2 GiB, margin
+    12.3 MiB. Each worker costed at the most one held (315.4, two of its latest three reads),
+    the budget was 830.1 MiB and the plan went 120 -> 117, a rebuild of its loader. Each at its
+    own, at least the level, they come to 1257.9 MiB, not 1261.6, and 120 fits."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(int(713.9 * MiB), int(0.97 * MiB), "fit", 9, 1.0, observed=((120, int(830.3 * MiB)),),
+                  noise=0.001, kills=True)
+    uss = (315.7, 314.1, 314.3, 310.6)
+    each = tuple(int(max(u, 313.8) * MiB) for u in uss)
+    workers = WorkerFacts(cpus=2.0, uss=tuple(int(u * MiB) for u in uss), cost=int(317.9 * MiB),
+                          evident=int(315.4 * MiB), evident_each=tuple(sorted(each, reverse=True)), running=4,
+                          newest=4, count_held=True, queued=int(33.9 * MiB), queued_high=int(33.9 * MiB),
+                          queued_per_sample=33.9 * MiB / 120, level=int(313.8 * MiB), levelled=True)
+    pool = Pool("host", "cpu", 2 * GiB, int(54.4 * MiB), int(793.9 * MiB), int(12.3 * MiB))
+
+    def decided(facts):
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=120), "ok", CFG, workers=facts,
+                      latest_batch=120, latest_peak=int(830.3 * MiB))
+
+    kept = decided(workers)
+    assert kept.plan.batch_size == 120, kept.plan.reason
+    assert 832 * MiB <= kept.budget_bytes <= 833 * MiB, kept.budget_bytes / MiB  # 3.6 MiB more
+    most = decided(replace(workers, evident_each=()))  # each at the most one holds: as before
+    assert most.plan.batch_size < 120 and most.budget_bytes < 830.3 * MiB, most.budget_bytes / MiB
+    # The planner gives each its own: the real batch-64 trace's four workers, levelled at 314,
+    # then read three times at those four levels.
+    reads = _worker_growth_traces()["batch 64, 4 workers, 700 steps"]
+    read = _worker_reader()
+    for at, live in reads:
+        facts = read(at, live, 8)
+    at, last = reads[-1]
+    for i in range(3):
+        facts = read(at + 2.0 * (i + 1), [[cpu + 0.1 * (i + 1), u, anon] for (cpu, _, anon), u in zip(last, uss)], 8)
+    level = facts.level / MiB
+    assert facts.levelled and facts.evident >= 315.7 * MiB and len(facts.evident_each) == 4
+    assert sum(facts.evident_each) <= sum(max(u, level) for u in uss) * MiB + 1, (
+        [e / MiB for e in facts.evident_each], level)

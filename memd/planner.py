@@ -390,9 +390,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # batch's samples in its heap. Taken from any one read, a worker of the two-workers job
             # read at 351.7 MiB beside the other's 343.6 cost both 8 MiB more for the rest of the
             # run and cut its batch 605 -> 586.
-            mid = statistics.median_low(r[2] for r in list(reads)[-3:])
-            reached = max(reached, mid)
-            seen.append((pid, held, one, bound, mid))
+            reached = max(reached, statistics.median_low(r[2] for r in list(reads)[-3:]))
+            seen.append((pid, held, one, bound))
         # ``reached``: what the live workers hold now, not the most any worker held this run. Kept
         # as a run's most, two reads of a worker collating a batch (315.6 MiB) cost each of the
         # four-workers loop's workers that much for the rest of its run, 550 s in which all four
@@ -406,8 +405,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         upper = None if level is None else level if levelled else int(level * (1 + COURSE_ERROR))
         ahead = copying = projected = evident = 0
         passing = False
-        own = []  # each live worker's evidence: what it reached, or holds and will add
-        for pid, held, one, bound, mid in seen:
+        for pid, held, one, bound in seen:
             # What it adds within GROWTH_AHEAD at its rate; a fresh fork's first burst is no course,
             # but while it lasts the room read beside it runs high (controller._growth_beside_workers).
             rushing = int(min(one.rate * GROWTH_AHEAD, max(0, one.projected - held)))
@@ -434,7 +432,6 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
             evident = max(evident, 0 if past else held + soon)  # past: what it reached (``reached``)
-            own.append(max(mid, 0 if past else held + soon))
             projected = max(projected, memo.worker_projected[pid])
             ahead += 0 if past else soon
         if level is not None:
@@ -454,20 +451,13 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # Past the level, what a worker reached is evidence and what it will add is not (``past``).
         memo.worker_evident = (max(reached, evident, level or 0) if passing else 0) if levelled else \
             max(reached, evident)
-        # Each live worker costs its own evidence (and, with a level, the level at least): each at
-        # the most one of them held, four levelled workers of the benchmark's loop (315.7, 314.1,
-        # 314.3 and 310.6 MiB, the job's level 313.8) were costed 3.7 MiB more than they held or
-        # were copying to, and its batch was cut 120 -> 117 on that read, a rebuild of its loader.
-        floor = (level or 0) if levelled else 0
-        memo.worker_evident_each = tuple(sorted((min(memo.worker_evident, max(e, floor)) for e in own),
-                                                reverse=True)) if memo.worker_evident else ()
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
         memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0, session.latest_batch or 0))
     since = job.monotonic - cfg.worker_horizon_seconds if job is not None else math.inf
     recent = [n for at, n in memo.worker_counts if at >= since]
     return WorkerFacts(cpus=cpus, uss=uss, cost=memo.worker_cost or None, batch_bytes=session.batch_bytes,
-                       evident=memo.worker_evident or None, evident_each=memo.worker_evident_each,
+                       evident=memo.worker_evident or None,
                        running=int(statistics.median_low(recent)) if recent else None,
                        newest=recent[-1] if recent else None, read=memo.workers_read if job is not None else None,
                        growth=memo.worker_growth if job is not None else 0,

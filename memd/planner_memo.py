@@ -26,7 +26,6 @@ class PlannerMemo:
     # None until one has slowed enough to tell.
     worker_level: Optional[Tuple[bool, float, int]] = None
     worker_evident: int = 0  # one worker's cost from evidence alone, until a worker levelled off
-    worker_evident_each: Tuple[int, ...] = ()  # each live worker's, largest first (controller.WorkerFacts)
     workers_read: Optional[float] = None  # the job read they were last updated from
     worker_counts: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
     # (job read's monotonic time, shared memory its group holds that none of its processes maps,

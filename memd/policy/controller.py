@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 from memd.client.plan import Plan, make_plan, split_batch
 from memd.config import PolicyConfig
@@ -60,7 +60,6 @@ class WorkerFacts:
     # worker's cost from evidence alone, the most any reached or a live one's own memory and its
     # growth ahead. The projection then only stops growth; evidence alone cuts (_beside_workers).
     evident: Optional[int] = None
-    evident_each: Tuple[int, ...] = ()  # each live worker's evidence, largest first: none above ``evident``
     # How many workers the job's loader runs: the median of the counts read within the horizon, as
     # a loop that rebuilds its DataLoader has none for a moment, or its old and new ones at once.
     running: Optional[int] = None
@@ -517,7 +516,7 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     asked = limits.prefetch_factor or 2
     sample = _per_sample(limits, facts)
 
-    def left(kept: int, each: int, b: int, own: Sequence[int] = ()) -> int:
+    def left(kept: int, each: int, b: int) -> int:
         # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them, in a
         # loader that follows the plan (a loop's own keeps its own: the benchmark's four, costed at
         # one batch each beside the two memd would keep, queued eight). At a batch larger than the
@@ -525,21 +524,20 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         prefetch = asked if kept == wanted or not facts.follows else 1
         if not sample:
             in_flight = prefetch * facts.batch_bytes if facts.batch_bytes else share * prefetch // asked
-            return room - _cost(kept, each, own) - kept * in_flight
+            return room - kept * (each + in_flight)
         # What a worker holds was read at the batch the job runs: past it, it holds more samples
         # as it builds a batch. (Counted from the batch its level was read at, four workers that
         # reached 320 MiB at 119 were costed 323 there, and the plan went 119 -> 102.)
         grown = sample * max(0, b - (batch or b))
-        return int(room - _cost(kept, each, own) - kept * (grown + prefetch * sample * b))
+        return int(room - kept * (each + grown + prefetch * sample * b))
 
-    def beside_them(kept: int, each: int, less: int = 0, own: Sequence[int] = ()) -> int:
-        """The batch's budget beside ``kept`` workers of ``each`` (the live ones ``own``, each
-        its own): their share at the largest batch that fits beside them (``less``: held back
-        from it too)."""
+    def beside_them(kept: int, each: int, less: int = 0) -> int:
+        """The batch's budget beside ``kept`` workers of ``each``: their share at the largest
+        batch that fits beside them (``less``: held back from it too)."""
         if not sample:
-            return left(kept, each, 0, own) - less
-        fits = largest(lambda b: curve.max_batch(left(kept, each, b, own) - less) >= b, near=batch or None)
-        return left(kept, each, max(1, fits), own) - less
+            return left(kept, each, 0) - less
+        fits = largest(lambda b: curve.max_batch(left(kept, each, b) - less) >= b, near=batch or None)
+        return left(kept, each, max(1, fits)) - less
 
     # A bisection, not a count down: the hint is the client's number, and 10**12 froze the daemon.
     kept = wanted if curve.max_batch(beside_them(wanted, per_worker)) >= half else \
@@ -559,14 +557,7 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     # Growth goes beside the workers of the latest read too, if more: a loader's workers start
     # over a second, and in the first the median of the counts was 1 of 4 (a probe went 32 -> 130).
     starting = min(budget - dip, beside_them(max(beside, facts.newest or 0), per_worker, dip))
-    return min(budget, beside_them(beside, facts.evident, own=facts.evident_each)), kept, curve.max_batch(starting)
-
-
-def _cost(kept: int, each: int, own: Sequence[int] = ()) -> int:
-    """What ``kept`` workers come to: the live ones their own (``own``, largest first, the
-    largest kept where fewer are), any more ``each``."""
-    mine = list(own[:kept])
-    return sum(mine) + (kept - len(mine)) * each
+    return min(budget, beside_them(beside, facts.evident)), kept, curve.max_batch(starting)
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],

@@ -183,7 +183,7 @@ class Guard:
         if not self._streaking:
             return  # no read of /proc
         rss = self.rss()
-        if rss is not None and self.limit is not None and rss > self.limit:
+        if over_limit(rss, self.limit):
             self.due = now + SOON  # a message in passing is whole by then; a stream is still coming
         cut = to_cut(self.streaks, rss, self.limit)
         for fd in cut:

@@ -1402,3 +1402,40 @@ def test_levelled_workers_cost_what_they_hold_not_the_most_one_held_this_run():
         if i == 1:
             assert facts.cost >= 317 * MiB  # two reads show it there: what it reached counts at once
     assert facts.levelled and facts.cost <= 315 * MiB, facts.cost / MiB  # all hold 314-315 again
+
+
+def test_beside_workers_a_step_into_the_margins_spare_part_keeps_its_batch():
+    """The four-workers loop in 2 GiB (workers-2g, suggest, at 961bf9f; this VM, 2026-11-28; its
+    reads with memd's status beside them in docs/results/real/reads-2026-11-28). At 123 its
+    steps peaked at 834.8-835.0 MiB and its line put 123 at 836.2; one read's budget of 834.3
+    MiB (835.7 the read before) put its step 0.7 MiB past it, and the plan went 123 -> 121, a
+    rebuild. Nine such cuts, one each loader life with steps 0.1-2.6 MiB past the budget, took it
+    127 -> 108 while its group's free memory stayed at 12 MiB or more. Its group mapped 5 MiB of
+    file pages then, 10 at the most this run: the 10 MiB margin kept 2 MiB that neither those
+    pages nor kernel memory (margin_min_bytes, 8 MiB) needed. A step into that spare part keeps
+    the batch while the line asks for less than min_gain; past it, or with no spare, it cuts."""
+    from memd.policy.budget import Pool
+
+    two_gib = 2 * GiB
+    pool = host_pool(host(), job_in_cgroup(2009, 794, reclaimable_mib=3, limit=two_gib, mapped_mib=5), CFG,
+                     mapped_file_bytes=10 * MiB)
+    assert pool.margin_bytes == 10 * MiB and pool.spare_bytes == 2 * MiB
+    unknown = host_pool(host(), job_in_cgroup(2009, 794, reclaimable_mib=3, limit=two_gib), CFG,
+                        mapped_file_bytes=10 * MiB)
+    assert unknown.spare_bytes == 0  # what the group maps now is not known: nothing spare
+
+    curve = Curve(int(707.05 * MiB), int(1.05 * MiB), "fit", 6, 1.0, observed=((123, int(835.0 * MiB)),),
+                  noise=0.001, kills=True)
+    workers = WorkerFacts(cpus=2.0, uss=(int(315 * MiB),) * 4, cost=int(315 * MiB), running=4, newest=4,
+                          count_held=True, level=int(315 * MiB), levelled=True)
+
+    def plan(peak, spare=pool.spare_bytes):
+        at = Pool("host", "cpu", two_gib, int((834.3 + 10) * MiB) - peak, peak, 10 * MiB, spare_bytes=spare)
+        return decide(curve, at, Limits(num_workers=4), ControlState(batch=123), "ok", CFG, workers=workers,
+                      latest_batch=123, latest_peak=peak).plan
+
+    kept = plan(int(835.0 * MiB))
+    assert kept.batch_size == 123, kept.reason
+    assert "past the 0.81 GiB budget only into the 0.002 GiB of margin" in kept.reason, kept.reason
+    assert plan(int(835.0 * MiB), spare=0).batch_size < 123  # no spare: the step past the budget cuts
+    assert plan(int(836.5 * MiB)).batch_size < 123  # past the spare part too: it cuts

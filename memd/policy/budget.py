@@ -34,6 +34,10 @@ class Pool:
     margin_bytes: int
     reserved_bytes: int = 0  # growth promised to other sessions sharing the pool
     share_bytes: Optional[int] = None  # at most this much when others want the pool too (fair_share)
+    # The part of the margin no page needs now: in a job's own cgroup, room kept for file pages
+    # the group mapped earlier in the run and maps no longer (group_spare). A step running into it
+    # costs no mapped page and no kill; only a cut worth its rebuild goes for it (controller).
+    spare_bytes: int = 0
 
     def budget(self, held_peak: Optional[int]) -> int:
         """The largest peak (in the job's reported units) that still fits.
@@ -152,12 +156,14 @@ def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig,
     total = snapshot.system.total_bytes
     capacity, free = bounded_by(cg, total, host_free(total, snapshot.system.available_bytes, cfg))
     own = job.trainer_rss_bytes if job is not None else None
+    spare = 0
     if capacity < total and cg is not None:  # the group's limit binds: a pool with no OS and no other job in it
         held_back = group_margin(capacity, cg.mapped_file_bytes if mapped_file_bytes is None else mapped_file_bytes,
                                  cfg)
+        spare = group_spare(held_back, cg.mapped_file_bytes, cfg)
     else:
         held_back = margin(capacity, cfg)
-    return Pool(HOST, snapshot.memory_model, capacity, free, own, held_back)
+    return Pool(HOST, snapshot.memory_model, capacity, free, own, held_back, spare_bytes=spare)
 
 
 def group_margin(capacity: int, mapped_file: Optional[int], cfg: PolicyConfig) -> int:
@@ -175,6 +181,14 @@ def group_margin(capacity: int, mapped_file: Optional[int], cfg: PolicyConfig) -
     new workers beside the old ones. Unknown mapped pages keep the usual margin."""
     usual = margin(capacity, cfg)
     return usual if mapped_file is None else max(cfg.margin_min_bytes, min(mapped_file, usual))
+
+
+def group_spare(held_back: int, mapped_now: Optional[int], cfg: PolicyConfig) -> int:
+    """What of a group's margin neither kernel memory (margin_min_bytes) nor the file pages it maps
+    now need: the margin keeps room for the most it mapped this run (a rebuilt loader's fresh
+    workers map their code for a moment), and the four-workers job mapped 5-10 MiB where that
+    most was 10-16. Unknown mapped pages spare nothing."""
+    return 0 if mapped_now is None else max(0, held_back - max(cfg.margin_min_bytes, mapped_now))
 
 
 def bounded_by(cg: Optional[Cgroup], capacity: int, free: int) -> Tuple[int, int]:

@@ -1439,3 +1439,27 @@ def test_beside_workers_a_step_into_the_margins_spare_part_keeps_its_batch():
     assert "past the 0.81 GiB budget only into the 0.002 GiB of margin" in kept.reason, kept.reason
     assert plan(int(835.0 * MiB), spare=0).batch_size < 123  # no spare: the step past the budget cuts
     assert plan(int(836.5 * MiB)).batch_size < 123  # past the spare part too: it cuts
+
+
+def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_run():
+    """The four-workers loop in 2 GiB (workers-2g, helpers, at a136eea; this VM, 2026-11-28,
+    its steps' peaks as memd's status showed them beside the run's reads): its steps at 118
+    peaked at 825.5 MiB for the few steps it ran there 143 s into the run, and at 835.0 when it
+    came back to 118 750 s later. Each stay's steps lay within 0.2 %, but the two stays together
+    made a range of 1.2 % at 118, and twice that as its spread cut it 118 -> 109 -> 102, its
+    step 8 MiB inside the 843.3 MiB budget ("its latest step plus the 2 % spread passes").
+    The job had moved between the stays (a loader rebuilt six times, its heap's history); within
+    one stay, its spread is that of its steps."""
+    stays = [(118, (825.5, 825.5, 825.4, 825.5)), (128, (826.0, 837.6, 837.7, 837.6)),
+             (137, (847.4, 848.1, 847.9, 848.0)), (134, (845.2, 845.7, 845.8, 846.0)),
+             (131, (843.1, 843.7, 843.6, 843.7)), (129, (842.0, 842.5, 842.4, 842.5)),
+             (127, (840.9, 841.4, 841.3, 841.4)), (125, (839.6, 840.3, 840.4, 840.2)),
+             (123, (839.2, 839.1, 839.3, 839.0)), (119, (835.3, 835.9, 836.1, 835.9)), (118, (834.9, 835.0))]
+    reports = [Observation(32, int(729.4 * MiB), warmup=True)] + [Observation(32, int(732.5 * MiB))] * 8
+    for batch, peaks in stays:  # a stay's first step runs low: settling
+        reports += [Observation(batch, int(p * MiB), settling=i == 0) for i, p in enumerate(peaks)]
+    curve = fit(reports, noise=CFG.peak_spread_host, kills=True)
+    assert curve.noise <= 0.005, curve.noise  # within a stay: its steps
+    budget = 843.3 * MiB
+    assert int(835.0 * MiB) * (1 + curve.noise) <= budget  # the latest step plus the spread fits: no cut
+    assert curve.max_batch(budget) >= 118, curve.max_batch(budget)

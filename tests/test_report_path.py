@@ -211,7 +211,9 @@ def test_the_state_keeps_the_points_the_plain_trim_keeps(tmp_path_factory, repor
 
 def fit_as_it_was(observations, prior=None, noise=fitting.NOISE, kills=False):
     """fit before its one pass over the reports (fitting.credible): warm-ups out, settling ones
-    out where a settled report shares their batch size, then aggregate and _base, each its own pass."""
+    out where a settled report shares their batch size, then aggregate and _base, each its own pass
+    (the spread the job shows within a stay at a batch size is read off all its reports, as fit does)."""
+    shown = fitting.shown_spread(observations, list if kills else fitting._without_isolated_spike)
     observations = [o for o in observations if not o.warmup]
     if any(o.settling for o in observations):
         settled = {o.batch for o in observations if not o.settling}
@@ -222,7 +224,7 @@ def fit_as_it_was(observations, prior=None, noise=fitting.NOISE, kills=False):
             return None
         return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0, kills=kills)
     base = fitting._base(observations, points)
-    noise = fitting.assumed_spread(points, noise)
+    noise = fitting.assumed_spread(shown, noise)
     if len(points) == 1:
         curve = fitting._one_point(points[0], base, prior)
     else:

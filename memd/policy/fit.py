@@ -11,7 +11,8 @@ likely. What makes it so (docs/policy.md gives the measurements behind each):
   (weighted by its reports), raised by the headroom one step needs above it and widened by the
   line's confidence band, Z x sigma x sqrt(1/W + (b - mean)^2 / Sxx) (sigma: an assumed 2 %
   blended with the scatter the job shows); the headroom is the larger of the excess the job
-  showed and the spread assumed until it shows its own (assumed_spread);
+  showed and the spread assumed until it shows its own within one stay at a batch size
+  (assumed_spread, shown_spread);
 - what was seen beats what the line extrapolates: the highest report at a batch size (plus
   twice the spread) bounds the peak at that batch and every smaller one, and a batch whose
   highest report plus the spread fits the budget is kept;
@@ -222,7 +223,7 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0, kills=kills)
     base = float(min(bases)) if bases else None
     base = base if base is not None and base < min(p.peaks[0] for p in points) else None  # as _base
-    noise = assumed_spread(points, noise)
+    noise = assumed_spread(shown_spread(observations, keep), noise)
     if len(points) == 1:
         curve = _one_point(points[0], base, prior)
     else:
@@ -264,11 +265,38 @@ def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]],
     return {b: peaks for b, peaks in by_batch.items() if b >= 1 and peaks}, bases
 
 
-def assumed_spread(points: Sequence["Point"], noise: float) -> float:
-    """The spread to assume above a step's typical peak: ``noise`` until the job shows its own,
-    then at most SHOWN_K times the widest range of its reports at one batch size."""
-    shown = [(p.peaks[-1] - p.peaks[0]) / p.middle for p in points if len(p.peaks) >= SHOWN and p.middle > 0]
-    return min(noise, SHOWN_K * max(shown)) if shown else noise
+def assumed_spread(shown: Optional[float], noise: float) -> float:
+    """The spread to assume above a step's typical peak: ``noise`` until the job shows its own
+    (``shown``: shown_spread), then at most SHOWN_K times that."""
+    return noise if shown is None else min(noise, SHOWN_K * shown)
+
+
+def shown_spread(observations: Iterable[Observation],
+                 keep: Callable[[List[int]], List[int]] = list) -> Optional[float]:
+    """The widest range, relative to its median, of a job's settled reports within one stay at a
+    batch size (its reports there with no other batch size between them), over the stays of
+    SHOWN reports or more; None before one has them. ``keep``: the reports of a stay believed.
+
+    Across stays the job itself moves (its loader rebuilt, its heap's history): the four-workers
+    job's steps at 118 peaked at 825.5 MiB 143 s into its run and at 834.9-835.9 MiB 750 s later,
+    where no stay showed more than 0.2 %, and the 2 % spread drawn from the two cut it 118 -> 109
+    -> 102 with its steps 8 MiB inside the budget. What a batch reached in any stay still floors
+    its prediction where an overshoot kills (Curve.floor)."""
+    widest: Optional[float] = None
+    batch: Optional[int] = None
+    stay: List[int] = []
+    for obs in itertools.chain(observations, (None,)):
+        if obs is None or obs.batch != batch:
+            peaks = sorted(keep(stay)) if len(stay) >= SHOWN else []
+            if peaks and peaks[-1] > 0:
+                middle = statistics.median(peaks)
+                widest = max(widest or 0.0, (peaks[-1] - peaks[0]) / middle)
+            if obs is None:
+                break
+            batch, stay = obs.batch, []
+        if not obs.warmup and not obs.settling and obs.batch >= 1 and obs.peak_bytes > 0:
+            stay.append(obs.peak_bytes)
+    return widest
 
 
 class Point(NamedTuple):

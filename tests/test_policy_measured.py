@@ -1410,7 +1410,7 @@ def test_beside_workers_a_step_into_the_margins_spare_part_keeps_its_batch():
     steps peaked at 834.8-835.0 MiB and its line put 123 at 836.2; one read's budget of 834.3
     MiB (835.7 the read before) put its step 0.7 MiB past it, and the plan went 123 -> 121, a
     rebuild. Nine such cuts, one each loader life with steps 0.1-2.6 MiB past the budget, took it
-    127 -> 108 while its group's free memory stayed at 12 MiB or more. Its group mapped 5 MiB of
+    131 -> 108 while its group's free memory stayed at 12 MiB or more. Its group mapped 5 MiB of
     file pages then, 10 at the most this run: the 10 MiB margin kept 2 MiB that neither those
     pages nor kernel memory (margin_min_bytes, 8 MiB) needed. A step into that spare part keeps
     the batch while the line asks for less than min_gain; past it, or with no spare, it cuts."""
@@ -1448,8 +1448,8 @@ def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_
     came back to 118 750 s later. Each stay's steps lay within 0.2 %, but the two stays together
     made a range of 1.2 % at 118, and twice that as its spread cut it 118 -> 109 -> 102, its
     step 8 MiB inside the 843.3 MiB budget ("its latest step plus the 2 % spread passes").
-    The job had moved between the stays (a loader rebuilt six times, its heap's history); within
-    one stay, its spread is that of its steps."""
+    The job had moved between the stays (its loader rebuilt at each of ten changes of batch, its
+    heap's history); within one stay, its spread is that of its steps."""
     stays = [(118, (825.5, 825.5, 825.4, 825.5)), (128, (826.0, 837.6, 837.7, 837.6)),
              (137, (847.4, 848.1, 847.9, 848.0)), (134, (845.2, 845.7, 845.8, 846.0)),
              (131, (843.1, 843.7, 843.6, 843.7)), (129, (842.0, 842.5, 842.4, 842.5)),

@@ -282,21 +282,22 @@ def shown_spread(observations: Iterable[Observation],
     where no stay showed more than 0.2 %, and the 2 % spread drawn from the two cut it 118 -> 109
     -> 102 with its steps 8 MiB inside the budget. What a batch reached in any stay still floors
     its prediction where an overshoot kills (Curve.floor)."""
-    widest: Optional[float] = None
+    stays: List[List[int]] = []
     batch: Optional[int] = None
     stay: List[int] = []
-    for obs in itertools.chain(observations, (None,)):
-        if obs is None or obs.batch != batch:
-            peaks = sorted(keep(stay)) if len(stay) >= SHOWN else []
-            if peaks and peaks[-1] > 0:
-                middle = statistics.median(peaks)
-                widest = max(widest or 0.0, (peaks[-1] - peaks[0]) / middle)
-            if obs is None:
-                break
+    for obs in observations:
+        if obs.batch != batch:
             batch, stay = obs.batch, []
-        if not obs.warmup and not obs.settling and obs.batch >= 1 and obs.peak_bytes > 0:
+            stays.append(stay)
+        if not obs.warmup and not obs.settling and obs.peak_bytes > 0 and batch >= 1:
             stay.append(obs.peak_bytes)
-    return widest
+    shown = [_range(sorted(keep(peaks))) for peaks in stays if len(peaks) >= SHOWN]
+    return max(shown) if shown else None
+
+
+def _range(peaks: List[int]) -> float:
+    """The range of ``peaks`` (ascending, positive) relative to their median."""
+    return (peaks[-1] - peaks[0]) / statistics.median(peaks) if peaks else 0.0
 
 
 class Point(NamedTuple):

@@ -12,6 +12,7 @@ point); and the latency bucket found by bisection against the scan of the bounds
 """
 import collections
 import dataclasses
+import itertools
 import math
 import statistics
 
@@ -213,7 +214,9 @@ def fit_as_it_was(observations, prior=None, noise=fitting.NOISE, kills=False):
     """fit before its one pass over the reports (fitting.credible): warm-ups out, settling ones
     out where a settled report shares their batch size, then aggregate and _base, each its own pass
     (the spread the job shows within a stay at a batch size is read off all its reports, as fit does)."""
-    shown = fitting.shown_spread(observations, list if kills else fitting._without_isolated_spike)
+    stays = [[o.peak_bytes for o in run if not (o.warmup or o.settling) and o.peak_bytes > 0 and o.batch >= 1]
+             for _, run in itertools.groupby(observations, key=lambda o: o.batch)]
+    shown = fitting.shown_spread(stays, list if kills else fitting._without_isolated_spike)
     observations = [o for o in observations if not o.warmup]
     if any(o.settling for o in observations):
         settled = {o.batch for o in observations if not o.settling}

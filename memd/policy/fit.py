@@ -214,7 +214,7 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     forgiven as a spike and a seen peak floors the prediction (Curve.floor). A warm-up
     observation counts only while it is the only one: then nothing is fitted; a settling one
     only until a later report at its batch size exists."""
-    by_batch, bases = credible(observations)
+    by_batch, bases, stays = credible(observations)
     keep = list if kills else _without_isolated_spike
     points = [point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
     if not points:
@@ -223,7 +223,7 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         return Curve(float(prior.fixed_bytes), float(prior.per_sample_bytes), "prior", 0, 0.0, kills=kills)
     base = float(min(bases)) if bases else None
     base = base if base is not None and base < min(p.peaks[0] for p in points) else None  # as _base
-    noise = assumed_spread(shown_spread(observations, keep), noise)
+    noise = assumed_spread(shown_spread(stays, keep), noise)
     if len(points) == 1:
         curve = _one_point(points[0], base, prior)
     else:
@@ -232,15 +232,22 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     return evolve(curve, observed=tuple([(p.batch, p.top) for p in points]), noise=noise, kills=kills)
 
 
-def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]], List[int]]:
+def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]], List[int], List[List[int]]]:
     """fit's reports in one pass over them: each batch size's credible peaks (in no particular
-    order: fit sorts them) and the positive bases of the reports kept (warm-ups out, settling ones
-    out where their batch size has a settled report). fit once made five passes (those two, then
-    aggregate and _base), each reading every one of a session's 64 records."""
+    order: fit sorts them), the positive bases of the reports kept (warm-ups out, settling ones
+    out where their batch size has a settled report) and each stay's settled peaks (shown_spread).
+    fit once made five passes (the first two, then aggregate and _base), each reading every one
+    of a session's 64 records."""
     by_batch: Dict[int, List[int]] = {}  # every settled report's batch size, even one with no credible peak
     settling: List[Observation] = []
     bases: List[int] = []
+    stays: List[List[int]] = []
+    batch: Optional[int] = None
+    stay: List[int] = []
     for obs in observations:
+        if obs.batch != batch:  # any report at another batch size ends a stay, a warm-up's too
+            batch, stay = obs.batch, []
+            stays.append(stay)
         if obs.warmup:
             continue
         if obs.settling:
@@ -251,6 +258,8 @@ def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]],
             peaks = by_batch[obs.batch] = []
         if obs.peak_bytes > 0:
             peaks.append(obs.peak_bytes)
+            if obs.batch >= 1:
+                stay.append(obs.peak_bytes)
         if obs.base_bytes is not None and obs.base_bytes > 0:
             bases.append(obs.base_bytes)
     unsettled: Dict[int, List[int]] = {}  # the settling reports at a batch size with no settled one
@@ -262,7 +271,7 @@ def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]],
             if obs.base_bytes is not None and obs.base_bytes > 0:
                 bases.append(obs.base_bytes)
     by_batch.update(unsettled)
-    return {b: peaks for b, peaks in by_batch.items() if b >= 1 and peaks}, bases
+    return {b: peaks for b, peaks in by_batch.items() if b >= 1 and peaks}, bases, stays
 
 
 def assumed_spread(shown: Optional[float], noise: float) -> float:
@@ -271,26 +280,17 @@ def assumed_spread(shown: Optional[float], noise: float) -> float:
     return noise if shown is None else min(noise, SHOWN_K * shown)
 
 
-def shown_spread(observations: Iterable[Observation],
-                 keep: Callable[[List[int]], List[int]] = list) -> Optional[float]:
+def shown_spread(stays: Iterable[List[int]], keep: Callable[[List[int]], List[int]] = list) -> Optional[float]:
     """The widest range, relative to its median, of a job's settled reports within one stay at a
-    batch size (its reports there with no other batch size between them), over the stays of
-    SHOWN reports or more; None before one has them. ``keep``: the reports of a stay believed.
+    batch size (``stays``: each one's peaks, its reports there with no other batch size between
+    them; credible), over the stays of SHOWN reports or more; None before one has them.
+    ``keep``: the reports of a stay believed.
 
     Across stays the job itself moves (its loader rebuilt, its heap's history): the four-workers
     job's steps at 118 peaked at 825.5 MiB 143 s into its run and at 834.9-835.9 MiB 750 s later,
     where no stay showed more than 0.2 %, and the 2 % spread drawn from the two cut it 118 -> 109
     -> 102 with its steps 8 MiB inside the budget. What a batch reached in any stay still floors
     its prediction where an overshoot kills (Curve.floor)."""
-    stays: List[List[int]] = []
-    batch: Optional[int] = None
-    stay: List[int] = []
-    for obs in observations:
-        if obs.batch != batch:
-            batch, stay = obs.batch, []
-            stays.append(stay)
-        if not obs.warmup and not obs.settling and obs.peak_bytes > 0 and batch >= 1:
-            stay.append(obs.peak_bytes)
     shown = [_range(sorted(keep(peaks))) for peaks in stays if len(peaks) >= SHOWN]
     return max(shown) if shown else None
 

@@ -43,8 +43,7 @@ def pool_for(session: SessionRecord, snapshot: Snapshot, job: Optional[JobMemory
         pool = budget.gpu_pool(gpu, job, cfg) if gpu is not None else None
         if pool is not None:
             return pool
-    return budget.host_pool(snapshot, job, cfg, session.cgroup, mapped_kept(session, job),
-                            read_back(session, job, cfg))
+    return budget.host_pool(snapshot, job, cfg, session.cgroup, mapped_kept(session, job))
 
 
 def mapped_kept(session: SessionRecord, job: Optional[JobMemory]) -> Optional[int]:
@@ -56,25 +55,6 @@ def mapped_kept(session: SessionRecord, job: Optional[JobMemory]) -> Optional[in
     if mapped is not None:
         session.planner.mapped_file = max(session.planner.mapped_file or 0, mapped)
     return session.planner.mapped_file
-
-
-def read_back(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[int]:
-    """The file pages the job's group read back within the horizon (budget.group_spare); None
-    until its reads span the horizon, or when the group does not count them."""
-    if job is None or job.cgroup is None or job.cgroup.refault_bytes is None:
-        return None
-    got, reads = job.cgroup.refault_bytes, session.planner.refaults
-    if reads and job.monotonic <= reads[-1][0]:
-        pass  # this read is in already
-    elif len(reads) >= 2 and job.monotonic - reads[-2][0] < cfg.worker_horizon_seconds / 16:
-        reads[-1] = (job.monotonic, got)  # the latest, the older ones spaced
-    else:
-        reads.append((job.monotonic, got))
-    since = job.monotonic - cfg.worker_horizon_seconds
-    base = [n for at, n in reads if at <= since]
-    if not base or got < base[-1]:  # a count that went back: another group's
-        return None
-    return got - base[-1]
 
 
 def pool_key(pool: budget.Pool, snapshot: Snapshot) -> str:

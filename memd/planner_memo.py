@@ -36,6 +36,3 @@ class PlannerMemo:
     # planner.room_dip
     rooms: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
     mapped_file: Optional[int] = None  # the most file pages the job's group kept mapped (planner.mapped_kept)
-    # (job read's monotonic time, the file pages its group has read back since it was made),
-    # spaced a sixteenth of the horizon apart (planner.read_back)
-    refaults: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=32))

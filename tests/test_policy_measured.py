@@ -26,11 +26,10 @@ def host(total=24 * GiB, available=23 * GiB):
                     system=SystemMemory(total, available, total - available, 0, 0), pressure=None, cgroup=None)
 
 
-def job_in_cgroup(usage_mib, rss_mib, reclaimable_mib=0, limit=GiB, mapped_mib=None, at=0.0, refault_pages=None):
+def job_in_cgroup(usage_mib, rss_mib, reclaimable_mib=0, limit=GiB, mapped_mib=None, at=0.0):
     cg = Cgroup(1, "/memd-bench", limit, usage_mib * MiB, working_set_bytes=usage_mib * MiB,
                 reclaimable_bytes=reclaimable_mib * MiB,
-                mapped_file_bytes=None if mapped_mib is None else mapped_mib * MiB,
-                refault_bytes=None if refault_pages is None else refault_pages * 4096)
+                mapped_file_bytes=None if mapped_mib is None else mapped_mib * MiB)
     return JobMemory(pid=7, processes=(), cgroup=cg, errors=(), monotonic=at, trainer_rss_bytes=rss_mib * MiB)
 
 
@@ -1440,48 +1439,6 @@ def test_beside_workers_a_step_into_the_margins_spare_part_keeps_its_batch():
     assert "past the 0.81 GiB budget only into the 0.002 GiB of margin" in kept.reason, kept.reason
     assert plan(int(835.0 * MiB), spare=0).batch_size < 123  # no spare: the step past the budget cuts
     assert plan(int(836.5 * MiB)).batch_size < 123  # past the spare part too: it cuts
-
-
-def test_while_its_group_reads_back_no_page_a_step_into_the_margins_floor_keeps_its_batch():
-    """The four-workers loop in 2 GiB (workers-2g, suggest, at 7ef49bc; this VM, 2026-11-28; its
-    reads with memd's status beside them in docs/results/real/reads-2026-11-28). At 126, 300 s
-    in, its step peaked at 835.5 MiB where one read's budget was 835.3 (835.7 the read before):
-    0.2 MiB past it, and the plan went 126 -> 123, a rebuild. Ten such cuts, one each loader life
-    (steps 0.1-3.0 MiB past the budget), took it to 107 (87 % of the 123 that fits). Its group
-    mapped 4 MiB of file pages then, 8 at the most: the margin was its 8 MiB floor, and nothing
-    was spare. Its group had read back no file page (1681 refaults, the same 30 s before): its
-    code fit. The floor is for what a rebuild's forks add to kernel memory; keeping the batch
-    forks nothing. A thrashing group's reads differ: a fixed run at 126 read back 127,762 pages in
-    0.6 s from its first such read (composition/workers-2g-126-2400-b, 700 s in)."""
-    from memd.policy.budget import Pool
-
-    two_gib = 2 * GiB
-    group = dict(usage_mib=2011, rss_mib=809, reclaimable_mib=3, limit=two_gib, mapped_mib=4)
-    quiet = host_pool(host(), job_in_cgroup(**group), CFG, mapped_file_bytes=8 * MiB, read_back_bytes=0)
-    assert quiet.margin_bytes == 8 * MiB and quiet.spare_bytes == 4 * MiB  # all but what it maps now
-    before = host_pool(host(), job_in_cgroup(**group), CFG, mapped_file_bytes=8 * MiB)
-    assert before.spare_bytes == 0  # reads back unknown: the floor stays
-    thrashing = host_pool(host(), job_in_cgroup(**group), CFG, mapped_file_bytes=8 * MiB,
-                          read_back_bytes=127762 * 4096)
-    assert thrashing.spare_bytes == 0
-
-    curve = Curve(int(765.2 * MiB), int(0.55 * MiB), "fit", 5, 1.0, observed=((126, int(835.5 * MiB)),),
-                  noise=0.001, kills=True)
-    workers = WorkerFacts(cpus=2.0, uss=(int(314.2 * MiB),) * 4, cost=int(314.2 * MiB), running=4, newest=4,
-                          count_held=True, level=int(314.2 * MiB), levelled=True)
-
-    def plan(peak, spare):
-        at = Pool("host", "cpu", two_gib, int((835.3 + 8) * MiB) - peak, peak, 8 * MiB, spare_bytes=spare)
-        return decide(curve, at, Limits(num_workers=4), ControlState(batch=126), "ok", CFG, workers=workers,
-                      latest_batch=126, latest_peak=peak).plan
-
-    step = int(835.5 * MiB)
-    assert plan(step, before.spare_bytes).batch_size < 126  # as it ran: a cut and a rebuild
-    assert plan(step, thrashing.spare_bytes).batch_size < 126
-    kept = plan(step, quiet.spare_bytes)
-    assert kept.batch_size == 126, kept.reason
-    assert "only into the 0.004 GiB of margin no page of its group needs now" in kept.reason, kept.reason
-    assert plan(int(840.0 * MiB), quiet.spare_bytes).batch_size < 126  # past the floor too: it cuts
 
 
 def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_run():

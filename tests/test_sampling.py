@@ -107,24 +107,6 @@ def test_cgroup_v1_limit_usage_and_working_set(tmp_path):
     assert cg.mapped_file_bytes == 40000000  # of those, the ones a process maps (the job's code, budget.group_margin)
 
 
-def test_a_groups_refaults_are_read_in_bytes(tmp_path):
-    """The file pages a group read back after eviction (budget.group_spare): v1's hierarchical
-    count, a kernel before 5.9's count of file and anonymous pages together, v2's own; the
-    kernel counts pages. A group that does not count them: None, not 0."""
-    root, page = str(tmp_path), os.sysconf("SC_PAGE_SIZE")
-    d = mount_cgroup(root, 1, "4:memory:/memd-bench\n") + "memd-bench/"
-    write(root, d + "memory.usage_in_bytes", "1000\n")
-    for stat, pages in (("workingset_refault_file 5\ntotal_workingset_refault_file 1681\n", 1681),
-                        ("workingset_refault 7\n", 7), ("total_inactive_file 0\n", None)):
-        write(root, d + "memory.stat", "hierarchical_memory_limit 2147483648\n" + stat)
-        got = cgroup.read_cgroup(proc_root=root + "/proc").refault_bytes
-        assert got == (None if pages is None else pages * page), stat
-    base = mount_cgroup(root, 2, "0::/job\n", pid=99)
-    write(root, base + "cgroup.controllers", "memory\n")
-    write(root, base + "job/memory.stat", "workingset_refault_anon 3\nworkingset_refault_file 127762\n")
-    assert cgroup.read_cgroup(99, proc_root=root + "/proc").refault_bytes == 127762 * page
-
-
 def test_mapped_file_pages_are_reclaimable(tmp_path):
     """The benchmark's workers job at batch 138 in a 2 GiB group v1 (c458298): its memory.stat
     read 21 MiB of active file pages, 189 inactive and 52 mapped, 5 s in. Reaching its limit, the

@@ -157,26 +157,3 @@ def test_a_job_whose_gpu_cannot_be_told_keeps_its_default_and_says_why():
     decision = planner.plan_session(s, mixed, "ok", [s], {}, CFG)
     assert decision.plan.batch_size == 8 and "which GPU this job runs on is not known yet" in decision.plan.reason
     assert s.pool is None  # not measured meanwhile: host RSS would teach a GPU job the wrong memory
-
-
-def test_what_a_group_read_back_is_counted_over_the_horizon_once_its_reads_span_it():
-    """budget.group_spare's word on whether the job's code fits: the file pages its group read
-    back within the horizon (30 s), from job reads kept spaced; None until they span it, and
-    when the count goes back (not the same group's)."""
-    cfg, s = PolicyConfig(), record()
-
-    def at(t, pages):
-        cg = Cgroup(1, "/memd-bench", 2 * GiB, GiB, refault_bytes=pages * 4096)
-        return planner.read_back(s, JobMemory(7, (), cg, (), monotonic=t), cfg)
-
-    assert at(0.0, 1681) is None  # one read spans nothing
-    for t in range(1, 30):
-        assert at(float(t), 1681) is None
-    assert at(30.0, 1681) == 0
-    assert at(30.5, 1683) == 2 * 4096  # a rebuild's few
-    for t in range(31, 300):  # reads a second apart for minutes: kept bounded and spaced
-        at(float(t), 1683)
-    assert len(s.planner.refaults) <= 32 and at(300.0, 1683) == 0
-    assert at(300.6, 1683 + 127762) == 127762 * 4096  # a thrashing group's first read
-    assert at(301.0, 5) is None  # counted back: another group
-    assert planner.read_back(s, JobMemory(7, (), Cgroup(1, "/g", GiB, GiB), (), monotonic=302.0), cfg) is None

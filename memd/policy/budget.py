@@ -35,9 +35,8 @@ class Pool:
     reserved_bytes: int = 0  # growth promised to other sessions sharing the pool
     share_bytes: Optional[int] = None  # at most this much when others want the pool too (fair_share)
     # The part of the margin no page needs now: in a job's own cgroup, room kept for file pages
-    # the group mapped earlier in the run and maps no longer, and while it reads back none of its
-    # pages the floor kept for a rebuild's forks (group_spare). A step running into it keeps its
-    # batch, which forks nothing; only a cut worth its rebuild goes for it (controller).
+    # the group mapped earlier in the run and maps no longer (group_spare). A step running into it
+    # costs no mapped page and no kill; only a cut worth its rebuild goes for it (controller).
     spare_bytes: int = 0
 
     def budget(self, held_peak: Optional[int]) -> int:
@@ -142,13 +141,11 @@ def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[
 
 
 def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig,
-              cgroup: Optional[Cgroup] = None, mapped_file_bytes: Optional[int] = None,
-              read_back_bytes: Optional[int] = None) -> Pool:
+              cgroup: Optional[Cgroup] = None, mapped_file_bytes: Optional[int] = None) -> Pool:
     """The host pool as the job sees it: bounded by its own cgroup when that is smaller (the
     latest job read's; ``cgroup``, the one read when the job said hello, until a job read has
     one; else the container's). ``mapped_file_bytes``: the most file pages that group has kept
-    mapped (group_margin); by default what it maps now. ``read_back_bytes``: the file pages the
-    group read back within the horizon (group_spare); None when unknown.
+    mapped (group_margin); by default what it maps now.
 
     What the job holds is the trainer's own resident set, read with its cgroup's usage in one
     pass (Sampler.job), so free and held describe the same instant and the same units as its
@@ -163,7 +160,7 @@ def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig,
     if capacity < total and cg is not None:  # the group's limit binds: a pool with no OS and no other job in it
         held_back = group_margin(capacity, cg.mapped_file_bytes if mapped_file_bytes is None else mapped_file_bytes,
                                  cfg)
-        spare = group_spare(held_back, cg.mapped_file_bytes, cfg, read_back_bytes)
+        spare = group_spare(held_back, cg.mapped_file_bytes, cfg)
     else:
         held_back = margin(capacity, cfg)
     return Pool(HOST, snapshot.memory_model, capacity, free, own, held_back, spare_bytes=spare)
@@ -186,23 +183,12 @@ def group_margin(capacity: int, mapped_file: Optional[int], cfg: PolicyConfig) -
     return usual if mapped_file is None else max(cfg.margin_min_bytes, min(mapped_file, usual))
 
 
-def group_spare(held_back: int, mapped_now: Optional[int], cfg: PolicyConfig,
-                read_back: Optional[int] = None) -> int:
+def group_spare(held_back: int, mapped_now: Optional[int], cfg: PolicyConfig) -> int:
     """What of a group's margin neither kernel memory (margin_min_bytes) nor the file pages it maps
     now need: the margin keeps room for the most it mapped this run (a rebuilt loader's fresh
     workers map their code for a moment), and the four-workers job mapped 5-10 MiB where that
-    most was 10-16. Unknown mapped pages spare nothing.
-
-    ``read_back``: the file pages the group read back within the horizon (planner.read_back).
-    Under margin_min_bytes, the floor is spare too, to a step that keeps its batch (the only use
-    of the spare part): the floor is for the kernel memory a rebuilt loader's forks add, and
-    keeping the batch forks nothing; a group that reads back none of its pages has room for its
-    code. Its fixed runs at the batch that fits read back none for 20 minutes; one thrashing
-    read back 100,000 pages in 0.6 s from its first such read (docs/results.md)."""
-    if mapped_now is None:
-        return 0
-    quiet = read_back is not None and read_back < cfg.margin_min_bytes
-    return max(0, held_back - max(0 if quiet else cfg.margin_min_bytes, mapped_now))
+    most was 10-16. Unknown mapped pages spare nothing."""
+    return 0 if mapped_now is None else max(0, held_back - max(cfg.margin_min_bytes, mapped_now))
 
 
 def bounded_by(cg: Optional[Cgroup], capacity: int, free: int) -> Tuple[int, int]:

@@ -169,11 +169,10 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             # took the loop 127 -> 123 -> 121 -> ... -> 108 in 650 s, one each loader life, its
             # group's free memory at 12 MiB or more, and gave back nothing: in another run what the
             # batch, its workers and their queue needed came to 2138.1 MiB at 120 and 2140.0 at
-            # 115, each rebuild's workers dearer than the last, and each batch size the job had not
-            # run left its trainer 1 MiB dearer for the rest of its run (per-shape kernel caches).
+            # 115, each rebuild's workers dearer than the last.
             within = "within the %.2f GiB budget" % (budget / GiB) if latest_peak <= budget else \
-                "past the %.2f GiB budget only into the %.3f GiB of margin no page of its group needs " \
-                "now" % (budget / GiB, spare / GiB)
+                "past the %.2f GiB budget only into the %.3f GiB of margin its group's file pages no longer " \
+                "need" % (budget / GiB, spare / GiB)
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, %s, and a cut under " \
                 "%.0f %% is not worth a change of batch (each one restarts its workers' copying)" % (
                     current, latest_peak / GiB, within, 100 * cfg.min_gain), capped

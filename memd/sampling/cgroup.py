@@ -25,10 +25,6 @@ from .system import parse_pressure, psi_disabled
 # depends on the kernel: 0x7FFFFFFFFFFFF000 with 4 KiB pages, 0x7FFFFFFFFFFF0000 with 64 KiB
 # (arm64, ppc64le). No real limit comes near 2**62 bytes (4 EiB), so anything above is "none".
 _V1_UNLIMITED = 1 << 62
-try:
-    _PAGE = os.sysconf("SC_PAGE_SIZE")
-except (ValueError, OSError, AttributeError):
-    _PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -166,8 +162,6 @@ def _read_v1(mount: _Mount, cgpath: str) -> Cgroup:
         reclaimable_bytes=_reclaimable(stat, "total_active_file", "total_inactive_file"),
         shmem_bytes=stat.get("total_shmem", stat.get("shmem")),
         mapped_file_bytes=stat.get("total_mapped_file", stat.get("mapped_file")),
-        refault_bytes=_refaults(stat, "total_workingset_refault_file", "workingset_refault_file",
-                                "total_workingset_refault", "workingset_refault"),
         oom_kill_events=oom.get("oom_kill"),
     )
 
@@ -200,20 +194,10 @@ def _read_v2(mount: _Mount, cgpath: str) -> Cgroup:
         reclaimable_bytes=_reclaimable(stat, "active_file", "inactive_file"),
         shmem_bytes=stat.get("shmem"),
         mapped_file_bytes=stat.get("file_mapped"),
-        refault_bytes=_refaults(stat, "workingset_refault_file", "workingset_refault"),
         oom_events=events.get("oom"),
         oom_kill_events=events.get("oom_kill"),
         pressure=pressure,
     )
-
-
-def _refaults(stat: Dict[str, int], *keys: str) -> Optional[int]:
-    """The first of ``keys`` memory.stat has (kernels before 5.9 count file and anonymous
-    refaults together), in bytes: the kernel counts pages."""
-    for key in keys:
-        if key in stat:
-            return stat[key] * _PAGE
-    return None
 
 
 def _v2_limit(path: str) -> Optional[int]:

@@ -48,10 +48,6 @@ class Cgroup:
     # File pages charged to the group that a process maps (the job's code, when the group paid for
     # reading it): reclaimable, but taken from a running job they come back as faults (budget.py)
     mapped_file_bytes: Optional[int] = None
-    # File pages the group read back soon after the kernel evicted them (workingset refaults,
-    # counted since the group was made): none while its code fits beside its memory; a group whose
-    # code no longer fits reads it back at every step, hundreds of MiB a second (budget.group_spare)
-    refault_bytes: Optional[int] = None
     oom_events: Optional[int] = None  # times the limit was hit and reclaim failed
     oom_kill_events: Optional[int] = None
     pressure: Optional[Pressure] = None  # v2 memory.pressure

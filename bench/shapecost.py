@@ -1,0 +1,62 @@
+"""What a batch size a CPU trainer has not run before costs it: one process of the four-workers
+job (bench/trainjob.py's ``workers`` shape, its loader rebuilt at each change, its heap held and
+trimmed at each change as memd's client does) runs a schedule of batch sizes, and after each
+stay prints the trainer's anonymous memory and its steps' peaks (VmHWM, reset before each step)
+over the stay's second half.
+
+    .venv/bin/python bench/shapecost.py --batches 126,123,121,119,117,115,113,111,109 \\
+        --steps 40 --last 160
+    .venv/bin/python bench/shapecost.py --batches 109 --last 160      # the same batch, fresh
+
+No cgroup: host memory, nothing near a limit; the schedule and the environment are the only
+differences between runs (``ONEDNN_PRIMITIVE_CACHE_CAPACITY=0`` turns oneDNN's per-shape cache
+off). One JSON line per stay, MiB.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "client")]
+
+import trainjob  # noqa: E402
+
+from memd.client.heap import steady_heap, trim_heap  # noqa: E402
+
+MiB = 2 ** 20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", required=True, help="comma-separated batch sizes, one stay each")
+    parser.add_argument("--steps", type=int, default=40, help="steps of each stay but the last")
+    parser.add_argument("--last", type=int, default=160, help="steps of the last stay")
+    parser.add_argument("--workers", type=int, default=4)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    steady_heap()
+    shape = trainjob.Shape("workers", args.workers)
+    for k, batch in enumerate(batches):
+        if k and batch != batches[k - 1]:
+            trim_heap()
+        steps = args.last if k == len(batches) - 1 else args.steps
+        anon, peaks = [], []
+        for _ in range(steps):
+            trainjob.reset_hwm()
+            shape.step(batch)
+            peaks.append(trainjob.vm_hwm())
+            anon.append(trainjob.status_bytes("RssAnon:"))
+        half = slice(steps // 2, None)
+        print(json.dumps({"stay": k, "batch": batch, "anon_median": statistics.median(anon[half]) / MiB,
+                          "anon_most": max(anon[half]) / MiB, "peak_median": statistics.median(peaks[half]) / MiB,
+                          "peak_most": max(peaks[half]) / MiB,
+                          "onednn_cache": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "default")}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

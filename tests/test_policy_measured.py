@@ -1463,31 +1463,3 @@ def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_
     budget = 843.3 * MiB
     assert int(835.0 * MiB) * (1 + curve.noise) <= budget  # the latest step plus the spread fits: no cut
     assert curve.max_batch(budget) >= 118, curve.max_batch(budget)
-
-
-def test_a_cut_beside_workers_leaves_the_room_the_budget_lost_since_the_last_one():
-    """The four-workers loop (workers-2g, suggest, at 7ef49bc; this VM, 2026-11-28): cut
-    126 -> 123 on a budget of 835.3 MiB, its rebuilt loader's workers came back dearer (316.3 MiB
-    each where they had levelled at 315.6), and 123 stopped fitting 120 s later on 833.1 MiB, its
-    step at 833.4. Cut to where its line fit (123 at 834.7, 1.1 MiB a sample), it went to 121,
-    and on the same way, a cut every 107-137 s, to 107. The next cut leaves the 2.2 MiB the
-    budget lost; a first cut, or one with no workers, goes by the line."""
-    from memd.policy.budget import Pool
-
-    curve = Curve(int(699.4 * MiB), int(1.1 * MiB), "fit", 4, 1.0, observed=((123, int(833.4 * MiB)),), noise=0.001,
-                  kills=True)
-    workers = WorkerFacts(cpus=2.0, uss=(int(316.3 * MiB),) * 4, cost=int(316.3 * MiB), running=4, newest=4,
-                          count_held=True, level=int(315.6 * MiB), levelled=True)
-    peak = int(833.4 * MiB)
-
-    def plan(cap, beside=workers):
-        pool = Pool("host", "cpu", 2 * GiB, int((833.1 + 13) * MiB) - peak, peak, 13 * MiB)
-        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=123, cap=cap), "ok", CFG,
-                      workers=beside, latest_batch=123, latest_peak=peak).plan
-
-    cut = plan((126, 123, int(835.3 * MiB)))
-    assert cut.batch_size == 119, cut.reason
-    assert "0.002 GiB below the one it was planned on" in cut.reason and "119 leaves that room again" in cut.reason
-    assert plan(None).batch_size == 121  # the first cut: no fall seen yet
-    assert plan((126, 123, int(835.3 * MiB)), None).batch_size == 121  # no workers, no rebuild
-    assert plan((126, 123, int(833.0 * MiB))).batch_size == 121  # planned on less: nothing fell

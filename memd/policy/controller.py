@@ -176,9 +176,6 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, %s, and a cut under " \
                 "%.0f %% is not worth a change of batch (each one restarts its workers' copying)" % (
                     current, latest_peak / GiB, within, 100 * cfg.min_gain), capped
-        if (workers is not None and workers.uss and outgrown and limit < current and capped is not None
-                and capped[1] == current and budget < capped[2] and not reason.startswith("probing")):
-            limit, reason, cap = _past_the_fall(curve, limit, reason, current, budget, capped[2], cfg)
 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
@@ -356,26 +353,6 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
             reason = "down to %d: %d fits no longer (%s)" % (limit, current, reason)
         cap = (current, limit, budget)
     return limit, reason, cap
-
-
-def _past_the_fall(curve: Curve, limit: int, reason: str, current: int, budget: int, planned_on: int,
-                   cfg: PolicyConfig) -> Tuple[int, str, Tuple[int, int, int]]:
-    """A cut beside workers, at the batch the last cut moved to: that batch was planned on
-    ``planned_on``, and the budget fell while it ran. A loop that rebuilds its loader at each
-    change starts its workers' copying over, and the rebuilt ones may come back dearer, as these
-    did: the next cut leaves as much room again (a min_gain share of the budget at most).
-    Cut each time only to where the line fits, each cut's batch stopped fitting as its loader's
-    workers finished their copy: the benchmark's four-workers loop went 126 -> 123 -> 121 -> 119
-    -> 117 -> 115 -> 113 -> 111 -> 107 over 820 s, a cut every 107-137 s, its budget at each cut
-    0.5-2.2 MiB below the one before and its steps 0.1-0.9 MiB past it (3.9 and 3.0 at the last)."""
-    fell = min(planned_on - budget, int(budget * cfg.min_gain))
-    lower = max(1, current // 2, curve.max_batch(budget - fell))
-    if lower >= limit:
-        return limit, reason, (current, limit, budget)
-    return lower, "down to %d: %d fits no longer, its budget now %.3f GiB below the one it was planned on (a " \
-        "change of batch starts the workers' copying over, and they came back dearer), and %d leaves that " \
-        "room again: predicted peak %.2f GiB of a %.2f GiB budget" % (
-            lower, current, fell / GiB, lower, curve.peak(lower) / GiB, budget / GiB), (current, lower, budget)
 
 
 def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> int:

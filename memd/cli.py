@@ -144,7 +144,7 @@ def _status(args: argparse.Namespace) -> int:
             s["job"][:20], s["pid"], "" if s.get("rank") is None else s["rank"], (s.get("pool") or "")[:14],
             plan.get("batch_size", ""), plan.get("grad_accum_steps", ""), _gib(s.get("latest_peak_bytes")),
             _gib(s.get("budget_bytes")), plan.get("reason", "")))
-        for line in (_runs_in(s), _workers_line(s)):
+        for line in (_runs_in(s), _workers_line(s), _cgroup_line(s)):
             if line:
                 print("  %20s %s" % ("", line))
     return 0
@@ -170,6 +170,11 @@ def _runs_in(s: dict) -> str:
         return ""
     how = _ATTRIBUTED_BY.get(s.get("attributed_by") or "")
     return "in " + ", ".join(where) + (" (%s)" % how if how else "")
+
+
+def _cgroup_line(s: dict) -> str:
+    level = s.get("cgroup_pressure_level") or "ok"
+    return "" if level == "ok" else "memory pressure in its own cgroup: %s" % level
 
 
 def _workers_line(s: dict) -> str:

@@ -21,7 +21,7 @@ from memd.policy.controller import Decision, WorkerFacts, decide
 from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.frozen import evolve
 from memd.policy.growth import COURSE_ERROR, RATE_SPAN, growth, keep
-from memd.policy.pressure import rank
+from memd.policy.pressure import group_signals, next_state, rank, thrashing
 from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
 from memd.sessions import KEY_OWNER, OWNER, SessionRecord
 from memd.units import GiB
@@ -160,6 +160,23 @@ def record_claim(session: SessionRecord, sessions: Iterable[SessionRecord], was:
         kept.put(session.sid, neighbour(session, at))
 
 
+def group_level(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> str:
+    """The pressure in the job's own memory pool, its cgroup with a limit: where the host's PSI
+    says nothing of it (a 2 GiB group thrashes on a 24 GiB machine at rest). Its PSI where it has
+    one (v2), else whether it thrashes (policy.pressure.thrashing), with the host's hysteresis."""
+    memo = session.planner
+    cg = job.cgroup if job is not None else None
+    if job is None or cg is None or cg.limit_bytes is None:
+        return "ok"
+    if job.monotonic != memo.group_read:
+        memo.group_read = job.monotonic
+        memo.group_reads.append((job.monotonic, cg.refault_bytes, cg.major_faults, cg.usage_bytes, cg.limit_bytes))
+        signals = group_signals(cg, thrashing(memo.group_reads))
+        if signals is not None:
+            memo.group_pressure = next_state(memo.group_pressure, signals, job.monotonic, cfg)
+    return memo.group_pressure.level
+
+
 def fuller_than_planned(pool: budget.Pool, cfg: PolicyConfig) -> float:
     """Free memory below which a job's own pool is critical: under 2 % of it
     (critical_available_ratio), and under half the margin its plan leaves free at its peak. A
@@ -254,6 +271,9 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     level = host_level
     if pool.name == budget.HOST and pool.free_bytes < fuller_than_planned(pool, cfg):
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
+    group = group_level(session, job, cfg)
+    if rank(group) > rank(level):
+        level = group
     held = session.peak_held_at(snapshot.monotonic)
     if (pool.own_bytes is None and held == 0 and session.plan is not None and session.held
             and (session.held[-1][1] or 0) > 0 and session.held[-1][0] > snapshot.monotonic):

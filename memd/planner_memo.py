@@ -7,6 +7,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Tuple
 
+from memd.policy.pressure import PressureState
+
 
 @dataclass
 class PlannerMemo:
@@ -36,3 +38,9 @@ class PlannerMemo:
     # planner.room_dip
     rooms: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
     mapped_file: Optional[int] = None  # the most file pages the job's group kept mapped (planner.mapped_kept)
+    # The pressure in the job's own cgroup (planner.group_level): its reads (time, bytes read
+    # back, major faults, usage, limit) within pressure.THRASH_SECONDS and more, and its level.
+    group_reads: Deque[Tuple[float, Optional[int], Optional[int], Optional[int], Optional[int]]] = field(
+        default_factory=lambda: collections.deque(maxlen=128))
+    group_read: Optional[float] = None
+    group_pressure: PressureState = field(default_factory=PressureState)

@@ -1463,3 +1463,31 @@ def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_
     budget = 843.3 * MiB
     assert int(835.0 * MiB) * (1 + curve.noise) <= budget  # the latest step plus the spread fits: no cut
     assert curve.max_batch(budget) >= 118, curve.max_batch(budget)
+
+
+# The four-workers job in a 2 GiB group v1, fixed at 135 (composition/workers-2g-135-2400): its
+# group's counters every half second as it began to thrash at 418.8 s (pages read back, major
+# faults, MiB used). It was gone at 545 s.
+THRASH_135 = ((410.6, 28922, 138, 2035), (414.5, 28922, 138, 2007), (418.2, 28922, 138, 2043),
+              (418.8, 31084, 150, 2047), (419.4, 47994, 199, 2047), (420.1, 63483, 248, 2044),
+              (420.7, 90666, 320, 2039), (421.3, 113273, 391, 1963), (422.0, 118329, 419, 1952))
+
+
+def test_a_group_thrashes_when_full_it_reads_back_its_pages_and_waits_on_them():
+    """A v1 group has no PSI. The job at 135 is told thrashing 3.2 s after its first page came
+    back (64 MiB back by 419.4 s, 256 major faults by 422.0); the same counts in a group not
+    yet full (a fixed run at 123 starting up: 38,615 pages and 76 faults within 10 s at 1350 of
+    2048 MiB) and memd's suggest run at 7ef49bc at its fullest (2042 MiB, 3 pages) are not."""
+    from memd.policy.pressure import thrashing
+
+    page, limit = 4096, 2048 * MiB
+
+    def told(reads):
+        return thrashing([(t, pages * page, faults, used * MiB, limit) for t, pages, faults, used in reads])
+
+    assert [told(THRASH_135[:i]) for i in range(2, len(THRASH_135) + 1)] == [False] * 7 + [True]
+    assert not told(((0.4, 0, 0, 300), (10.4, 38615, 76, 1350)))
+    assert not told(((0.4, 38615, 76, 1350), (11.0, 38615 + 38615, 76 + 300, 1350)))  # thrash-like, not full
+    assert not told(((1112.2, 5000, 40, 1998), (1122.2, 5003, 40, 2042)))
+    assert not told(((418.2, 28922, 138, 2043), (422.0, 118329, None, 1952)))  # faults unknown: no word
+    assert not told(((418.2, 200000, 900, 2043), (422.0, 118329, 419, 1952)))  # counters went back: a new group

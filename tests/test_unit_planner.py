@@ -157,3 +157,37 @@ def test_a_job_whose_gpu_cannot_be_told_keeps_its_default_and_says_why():
     decision = planner.plan_session(s, mixed, "ok", [s], {}, CFG)
     assert decision.plan.batch_size == 8 and "which GPU this job runs on is not known yet" in decision.plan.reason
     assert s.pool is None  # not measured meanwhile: host RSS would teach a GPU job the wrong memory
+
+
+def test_the_pressure_in_a_jobs_own_cgroup_counts_where_the_hosts_says_nothing():
+    """A 2 GiB group thrashes on a machine at rest: its own signal raises the job's level, with
+    the host's hysteresis. Its PSI where it has one (v2); on v1 its faults (the job fixed at 135
+    in the four-workers benchmark, pressure.thrashing); nothing from a group with no limit."""
+    from memd.sampling.snapshot import Pressure
+
+    MiB, page = 2 ** 20, 4096
+    trainer = ProcessMemory(7, 1, "python", 800 * MiB, 800 * MiB, 800 * MiB)
+
+    def job(at, pages, faults, used=2040, limit=2048 * MiB, pressure=None, v=1):
+        cg = Cgroup(v, "/memd-bench", limit, used * MiB, refault_bytes=pages * page, major_faults=faults,
+                    pressure=pressure)
+        return JobMemory(7, (trainer,), cg, (), monotonic=at, trainer_rss_bytes=800 * MiB)
+
+    s = record()
+    counts = ((410.6, 28922, 138), (418.2, 28922, 138), (419.4, 47994, 199), (421.3, 113273, 391),
+              (422.0, 118329, 419))
+    assert [planner.group_level(s, job(*c), CFG) for c in counts] == ["ok"] * 4 + ["critical"]
+    assert planner.group_level(s, job(422.0, 118329, 419), CFG) == "critical"  # the same read: no new word
+    # No page back for 10 s, then 10 s calm, and the level comes down.
+    assert planner.group_level(s, job(432.5, 118329, 419), CFG) == "critical"
+    assert planner.group_level(s, job(443.0, 118329, 419), CFG) == "ok"
+
+    psi = lambda some, full: Pressure(some, some, some, full, full, full, 0.0, 0.0)  # noqa: E731
+    v2 = record(pid=8)
+    assert planner.group_level(v2, job(1.0, 0, 0, pressure=psi(0.12, 0.0), v=2), CFG) == "elevated"
+    assert planner.group_level(v2, job(2.0, 0, 0, pressure=psi(0.3, 0.15), v=2), CFG) == "critical"
+    assert planner.group_level(record(pid=9), job(1.0, 0, 0, limit=None, pressure=psi(0.5, 0.5), v=2), CFG) == "ok"
+
+    # The plan says so: at critical a plan throttles the job's workers and cuts its batch once.
+    plan = planner.plan_session(s, snap(monotonic=422.0), "ok", [s], {7: job(422.0, 118329, 419)}, CFG).plan
+    assert plan.pressure == "critical" and plan.throttle

@@ -130,6 +130,7 @@ def session_view(s: SessionRecord) -> Result:
         "ceiling": s.state.ceiling, "plan": s.plan.to_wire() if s.plan is not None else None,
         "unwatched": s.unwatched, "pod_uid": s.pod_uid, "slurm_job_id": s.slurm_job_id,
         "attributed_by": s.attributed_by, "workers": workers_view(s.workers),
+        "cgroup_pressure_level": s.planner.group_pressure.level,  # in the job's own cgroup (planner.group_level)
     }
 
 

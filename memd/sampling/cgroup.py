@@ -25,6 +25,7 @@ from .system import parse_pressure, psi_disabled
 # depends on the kernel: 0x7FFFFFFFFFFFF000 with 4 KiB pages, 0x7FFFFFFFFFFF0000 with 64 KiB
 # (arm64, ppc64le). No real limit comes near 2**62 bytes (4 EiB), so anything above is "none".
 _V1_UNLIMITED = 1 << 62
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096  # memory.stat counts pages
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ def _read_v1(mount: _Mount, cgpath: str) -> Cgroup:
         shmem_bytes=stat.get("total_shmem", stat.get("shmem")),
         mapped_file_bytes=stat.get("total_mapped_file", stat.get("mapped_file")),
         oom_kill_events=oom.get("oom_kill"),
+        refault_bytes=_refaults(stat, "total_"),
+        major_faults=stat.get("total_pgmajfault", stat.get("pgmajfault")),
     )
 
 
@@ -197,6 +200,8 @@ def _read_v2(mount: _Mount, cgpath: str) -> Cgroup:
         oom_events=events.get("oom"),
         oom_kill_events=events.get("oom_kill"),
         pressure=pressure,
+        refault_bytes=_refaults(stat, ""),
+        major_faults=stat.get("pgmajfault"),
     )
 
 
@@ -222,6 +227,16 @@ def _working_set(usage: Optional[int], inactive_file: Optional[int]) -> Optional
     if usage is None:
         return None
     return max(0, usage - (inactive_file or 0))
+
+
+def _refaults(stat: Dict[str, int], prefix: str) -> Optional[int]:
+    """File pages the group read back after the kernel evicted them, in bytes; kernels before 5.9
+    count file and anonymous refaults together (``workingset_refault``). v1's ``total_`` keys
+    count the group's children too."""
+    pages = stat.get(prefix + "workingset_refault_file", stat.get(prefix + "workingset_refault"))
+    if pages is None and prefix:
+        return _refaults(stat, "")
+    return None if pages is None else pages * PAGE_SIZE
 
 
 def _reclaimable(stat: Dict[str, int], active: str, inactive: str) -> Optional[int]:

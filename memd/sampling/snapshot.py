@@ -51,6 +51,11 @@ class Cgroup:
     oom_events: Optional[int] = None  # times the limit was hit and reclaim failed
     oom_kill_events: Optional[int] = None
     pressure: Optional[Pressure] = None  # v2 memory.pressure
+    # Counters: file pages of the group the kernel evicted and read back (workingset refaults, in
+    # bytes), and the group's major faults. Together they tell a group thrashing where it has no
+    # PSI (cgroup v1: policy.pressure.thrashing).
+    refault_bytes: Optional[int] = None
+    major_faults: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,8 @@ def memd_view(endpoint: str, pid: int) -> Optional[dict]:
                            mib(v) if k.endswith("_bytes") else v for k, v in workers.items()}
             return dict(budget=mib(s.get("budget_bytes")), pool_budget=mib(s.get("pool_budget_bytes")),
                         predicted=mib(s.get("predicted_peak_bytes")), latest_peak=mib(s.get("latest_peak_bytes")),
-                        batch=plan.get("batch_size"), reason=plan.get("reason"), workers=workers)
+                        batch=plan.get("batch_size"), reason=plan.get("reason"), workers=workers,
+                        pressure=plan.get("pressure"), cgroup_pressure=s.get("cgroup_pressure_level"))
     return None
 
 

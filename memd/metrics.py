@@ -81,6 +81,8 @@ class MemdCollector:
             "effective": gauge("memd_session_effective_batch_size", "Batch size x accumulation steps of the plan"),
             "workers": gauge("memd_session_recommended_workers", "Dataloader workers the plan recommends"),
             "throttle": gauge("memd_session_throttle", "1 while the plan asks data loading to pause"),
+            "cgroup_pressure": gauge("memd_session_cgroup_pressure_level",
+                                     "Memory pressure in the job's own cgroup: 0 ok, 1 elevated, 2 high, 3 critical"),
             "used": gauge("memd_session_batch_size", "Batch size of the session's last report"),
             "peak": gauge("memd_session_peak_bytes", "Peak memory of the session's last report"),
             "budget": gauge("memd_session_budget_bytes", "Largest peak the session's pool allows now"),
@@ -106,6 +108,7 @@ class MemdCollector:
                 families["budget"].add_metric(labels, s.budget_bytes)
             if s.predicted_peak_bytes is not None:
                 families["predicted"].add_metric(labels, s.predicted_peak_bytes)
+            families["cgroup_pressure"].add_metric(labels, rank(s.planner.group_pressure.level))
             families["unrecovered"].add_metric(labels, s.ooms_unrecovered)
             families["ooms"].add_metric(labels, s.ooms)
             families["reports"].add_metric(labels, s.reports)

@@ -161,9 +161,10 @@ def record_claim(session: SessionRecord, sessions: Iterable[SessionRecord], was:
 
 
 def group_level(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> str:
-    """The pressure in the job's own memory pool, its cgroup with a limit: where the host's PSI
-    says nothing of it (a 2 GiB group thrashes on a 24 GiB machine at rest). Its PSI where it has
-    one (v2), else whether it thrashes (policy.pressure.thrashing), with the host's hysteresis."""
+    """The pressure in the job's own memory pool, its cgroup with a limit: the host's signals are
+    the whole machine's (its free memory says nothing of a full 2 GiB group, and its PSI counts
+    the group's stalls among every other task's). The group's PSI where it has one (v2), else
+    whether it thrashes (policy.pressure.thrashing), with the host's hysteresis."""
     memo = session.planner
     cg = job.cgroup if job is not None else None
     if job is None or cg is None or cg.limit_bytes is None:

@@ -10,6 +10,7 @@ from memd.config import Config
 from memd.core import Core
 from memd.metrics import SAMPLE_SOURCES, build_registry
 from memd.policy.controller import Limits
+from memd.policy.pressure import PressureState
 from memd.sampling.snapshot import Cgroup, Gpu, Pressure, Snapshot, SystemMemory
 from memd.sessions import Sessions
 from memd.state import StateStore
@@ -109,6 +110,9 @@ def test_sessions_and_requests(tmp_path):
     assert value(reg, "memd_session_grad_accum_steps", **labels) == 4
     assert value(reg, "memd_session_recommended_workers", **labels) == 2
     assert value(reg, "memd_session_throttle", **labels) == 1
+    assert value(reg, "memd_session_cgroup_pressure_level", **labels) == 0  # its job's cgroup: not read
+    s.planner.group_pressure = PressureState("critical", 1.0)
+    assert value(scrape(core), "memd_session_cgroup_pressure_level", **labels) == 3
     assert value(reg, "memd_session_batch_size", **labels) == 32
     assert value(reg, "memd_session_peak_bytes", **labels) == 30 * GiB
     assert value(reg, "memd_session_ooms_total", **labels) == 1

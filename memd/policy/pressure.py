@@ -54,10 +54,10 @@ def host_signals(snapshot: Snapshot) -> Signals:
 # kernel just evicted from it (the job's code, its mapped data) and its processes wait on them as
 # major faults. In 2 GiB groups the benchmark's four-workers job read back 239,451 to 2,357,982
 # pages with 858 to 2,312 major faults in its worst 10 s once it thrashed (four fixed runs, at
-# 123 to 135); from 30 s in to 15 s before its end, every run memd
-# planned and every fixed run that ran well read back at most 1,480 pages with at most 1 major
-# fault in any 10 s; starting up, its group not yet full (867-1,576 MiB used), up to 51,984
-# pages and 95 faults. Counted as PSI's full stall: the group's tasks wait on the disk.
+# 123 to 135); from 30 s in to 15 s before its end, every run memd planned and every fixed run
+# that ran well read back at most 1,480 pages with at most 1 major fault in any 10 s; starting
+# up, its group not yet full (867-1,576 MiB used), up to 51,984 pages and 95 faults. Counted as
+# PSI's full stall: the group's tasks wait on the disk.
 THRASH_SECONDS = 10.0
 THRASH_REFAULT_BYTES = 64 * MiB
 THRASH_MAJOR_FAULTS = 256

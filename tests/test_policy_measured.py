@@ -1477,7 +1477,8 @@ def test_a_group_thrashes_when_full_it_reads_back_its_pages_and_waits_on_them():
     """A v1 group has no PSI. The job at 135 is told thrashing 3.2 s after its first page came
     back (64 MiB back by 419.4 s, 256 major faults by 422.0); the same counts in a group not
     yet full (a fixed run at 123 starting up: 38,615 pages and 76 faults within 10 s at 1350 of
-    2048 MiB) and memd's suggest run at 7ef49bc at its fullest (2042 MiB, 3 pages) are not."""
+    2048 MiB) are not; nor is memd's suggest run at 7ef49bc at its fullest (2042 MiB, no page
+    back in 10 s)."""
     from memd.policy.pressure import thrashing
 
     page, limit = 4096, 2048 * MiB
@@ -1486,8 +1487,8 @@ def test_a_group_thrashes_when_full_it_reads_back_its_pages_and_waits_on_them():
         return thrashing([(t, pages * page, faults, used * MiB, limit) for t, pages, faults, used in reads])
 
     assert [told(THRASH_135[:i]) for i in range(2, len(THRASH_135) + 1)] == [False] * 7 + [True]
-    assert not told(((0.4, 0, 0, 300), (10.4, 38615, 76, 1350)))
-    assert not told(((0.4, 38615, 76, 1350), (11.0, 38615 + 38615, 76 + 300, 1350)))  # thrash-like, not full
-    assert not told(((1112.2, 5000, 40, 1998), (1122.2, 5003, 40, 2042)))
+    assert not told(((0.5, 27838, 79, 171), (10.4, 66453, 155, 1350)))
+    assert not told(((0.5, 27838, 79, 171), (10.4, 66453 + 30000, 155 + 300, 1350)))  # thrash-like, not full
+    assert not told(((1112.5, 1711, 11, 1978), (1122.2, 1711, 11, 2042)))
     assert not told(((418.2, 28922, 138, 2043), (422.0, 118329, None, 1952)))  # faults unknown: no word
     assert not told(((418.2, 200000, 900, 2043), (422.0, 118329, 419, 1952)))  # counters went back: a new group

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from memd import claims, planner
 from memd.config import PolicyConfig
 from memd.policy import budget
-from memd.policy.controller import Limits
+from memd.policy.controller import ControlState, Limits
 from memd.policy.fit import Observation
 from memd.sampling.snapshot import CPU, DISCRETE, Cgroup, Gpu, JobMemory, ProcessMemory, Snapshot, SystemMemory
 from memd.sessions import SessionRecord, Sessions
@@ -159,10 +159,10 @@ def test_a_job_whose_gpu_cannot_be_told_keeps_its_default_and_says_why():
     assert s.pool is None  # not measured meanwhile: host RSS would teach a GPU job the wrong memory
 
 
-def test_the_pressure_in_a_jobs_own_cgroup_counts_where_the_hosts_says_nothing():
-    """A 2 GiB group thrashes on a machine at rest: its own signal raises the job's level, with
-    the host's hysteresis. Its PSI where it has one (v2); on v1 its faults (the job fixed at 135
-    in the four-workers benchmark, pressure.thrashing); nothing from a group with no limit."""
+def test_the_pressure_in_a_jobs_own_cgroup_raises_its_level_over_the_hosts():
+    """The host says ok and the job's own 2 GiB group thrashes: the group's level is the job's,
+    with the host's hysteresis. Its PSI where it has one (v2); on v1 its faults (the job fixed at
+    135 in the four-workers benchmark, pressure.thrashing); nothing from a group with no limit."""
     from memd.sampling.snapshot import Pressure
 
     MiB, page = 2 ** 20, 4096
@@ -188,6 +188,8 @@ def test_the_pressure_in_a_jobs_own_cgroup_counts_where_the_hosts_says_nothing()
     assert planner.group_level(v2, job(2.0, 0, 0, pressure=psi(0.3, 0.15), v=2), CFG) == "critical"
     assert planner.group_level(record(pid=9), job(1.0, 0, 0, limit=None, pressure=psi(0.5, 0.5), v=2), CFG) == "ok"
 
-    # The plan says so: at critical a plan throttles the job's workers and cuts its batch once.
+    # The plan says so: at critical it throttles the job's data loading and cuts its batch once.
+    s.state = ControlState(batch=135)
     plan = planner.plan_session(s, snap(monotonic=422.0), "ok", [s], {7: job(422.0, 118329, 419)}, CFG).plan
     assert plan.pressure == "critical" and plan.throttle
+    assert plan.batch_size == 101 and plan.reason.startswith("cut to 101 from 135: memory pressure is critical")

@@ -162,7 +162,9 @@ def test_a_job_whose_gpu_cannot_be_told_keeps_its_default_and_says_why():
 def test_the_pressure_in_a_jobs_own_cgroup_raises_its_level_over_the_hosts():
     """The host says ok and the job's own 2 GiB group thrashes: the group's level is the job's,
     with the host's hysteresis. Its PSI where it has one (v2); on v1 its faults (the job fixed at
-    135 in the four-workers benchmark, pressure.thrashing); nothing from a group with no limit."""
+    135 in the four-workers benchmark, pressure.thrashing); nothing from a group with no limit.
+    v2's PSI comes as a constructed record: this machine's memory controller is v1, and the real
+    v1 path is tests/test_cgroup_pressure.py's."""
     from memd.sampling.snapshot import Pressure
 
     MiB, page = 2 ** 20, 4096

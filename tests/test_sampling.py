@@ -557,24 +557,24 @@ def test_a_groups_refaults_and_major_faults_are_read_in_both_versions(tmp_path):
     """What tells a group thrashing where it has no PSI (policy.pressure.thrashing): v1's
     hierarchical counters (this machine's kernel, 6.18, writes total_workingset_refault_file and
     total_pgmajfault), v2's own; a kernel before 5.9 counts every refault together."""
-    root = str(tmp_path)
-    d = mount_cgroup(root, 1, "4:memory:/job\n") + "job/"
-    write(root, d + "memory.usage_in_bytes", "600000000\n")
-    write(root, d + "memory.stat", "hierarchical_memory_limit 1073741824\nworkingset_refault_file 3\n"
-          "pgmajfault 1\ntotal_workingset_refault_file 5690\ntotal_pgmajfault 40\n")
-    cg = cgroup.read_cgroup(proc_root=root + "/proc")
-    assert (cg.refault_bytes, cg.major_faults) == (5690 * cgroup.PAGE_SIZE, 40)
-    write(root, d + "memory.stat", "hierarchical_memory_limit 1073741824\nworkingset_refault 7\n")
-    cg = cgroup.read_cgroup(proc_root=root + "/proc")
-    assert (cg.refault_bytes, cg.major_faults) == (7 * cgroup.PAGE_SIZE, None)
+    def counters(root, stat_path, stat):
+        write(root, stat_path, stat)
+        cg = cgroup.read_cgroup(proc_root=root + "/proc")
+        return cg.refault_bytes, cg.major_faults
 
-    root2 = str(tmp_path / "v2")
-    base = mount_cgroup(root2, 2, "0::/job\n")
-    write(root2, base + "cgroup.controllers", "memory\n")
-    write(root2, base + "job/memory.max", "max\n")
-    write(root2, base + "job/memory.stat", "anon 5\nworkingset_refault_anon 2\nworkingset_refault_file 9\n"
-          "pgmajfault 12\n")
-    cg = cgroup.read_cgroup(proc_root=root2 + "/proc")
-    assert (cg.refault_bytes, cg.major_faults) == (9 * cgroup.PAGE_SIZE, 12)
-    write(root2, base + "job/memory.stat", "anon 5\n")
-    assert cgroup.read_cgroup(proc_root=root2 + "/proc").refault_bytes is None  # unknown, never 0
+    v1 = str(tmp_path)
+    d = mount_cgroup(v1, 1, "4:memory:/job\n") + "job/"
+    write(v1, d + "memory.usage_in_bytes", "600000000\n")
+    assert counters(v1, d + "memory.stat", "hierarchical_memory_limit 1073741824\nworkingset_refault_file 3\n"
+                    "pgmajfault 1\ntotal_workingset_refault_file 5690\ntotal_pgmajfault 40\n") == (
+        5690 * cgroup.PAGE_SIZE, 40)
+    assert counters(v1, d + "memory.stat", "hierarchical_memory_limit 1073741824\nworkingset_refault 7\n") == (
+        7 * cgroup.PAGE_SIZE, None)
+
+    v2 = str(tmp_path / "v2")
+    base = mount_cgroup(v2, 2, "0::/job\n")
+    write(v2, base + "cgroup.controllers", "memory\n")
+    write(v2, base + "job/memory.max", "max\n")
+    assert counters(v2, base + "job/memory.stat", "anon 5\nworkingset_refault_anon 2\nworkingset_refault_file 9\n"
+                    "pgmajfault 12\n") == (9 * cgroup.PAGE_SIZE, 12)
+    assert counters(v2, base + "job/memory.stat", "anon 5\n") == (None, None)  # unknown, never 0

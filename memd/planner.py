@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 from dataclasses import replace
-from typing import Dict, Iterable, List, Optional, TypeVar
+from typing import Dict, Iterable, Optional
 
 from memd.claims import Claims, Others, counts, gather, neighbour
 from memd.config import PolicyConfig
@@ -34,7 +34,6 @@ READ_GAP = RATE_SPAN / (WORKER_READS - 1)
 # Seconds of the workers' growth held back from the batch: two job reads (2 s apart), the plan
 # reaching the loop, and a step or two there at the new batch.
 GROWTH_AHEAD = 10.0
-T = TypeVar("T", int, float)
 
 
 def pool_for(session: SessionRecord, snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig) -> budget.Pool:
@@ -485,22 +484,13 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        growth=memo.worker_growth if job is not None else 0,
                        copying=memo.worker_copying if job is not None else 0, follows=session.follows_workers,
                        queued=memo.queued[-1][1] if job is not None and memo.queued else 0,
-                       queued_high=seen_twice([q for at, q, _ in memo.queued if at >= since], 0),
-                       queued_per_sample=seen_twice([q / b for at, q, b in memo.queued if at >= since and b], 0.0),
+                       queued_high=max((q for at, q, _ in memo.queued if at >= since), default=0),
+                       queued_per_sample=max((q / b for at, q, b in memo.queued if at >= since and b), default=0.0),
                        batch_size=session.latest_batch if session.batch_bytes else None,
                        count_held=job is None or (len(memo.worker_counts) >= 2 and
                                                   memo.worker_counts[-1][1] == memo.worker_counts[-2][1]),
                        level=memo.worker_level[2] if memo.worker_level is not None else None,
                        levelled=memo.worker_level is not None and memo.worker_level[0])
-
-
-def seen_twice(values: List[T], none: T) -> T:
-    """The most the queue of batches on their way held in two reads: a high read once is
-    passing. Two workers at 627 held at most 78 MiB (four batches), in 17 of 41 reads over 120 s;
-    8 s into the loader rebuilt for 624 one read held 98, and costed at it the batch went to 605
-    (93 % of what fits) and never came back. A queue that full does show twice in the horizon."""
-    ordered = sorted(values)
-    return ordered[-2] if len(ordered) >= 2 else ordered[-1] if ordered else none
 
 
 def settling(session: SessionRecord) -> bool:

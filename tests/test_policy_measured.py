@@ -1048,22 +1048,6 @@ def test_one_read_that_caught_a_worker_collating_does_not_cut():
     assert grows[0] < grows[1] < grows[2] and grows[2] > (337 + 30) * MiB
 
 
-def test_a_queue_read_full_once_is_passing_and_costs_nothing_until_read_twice():
-    """Two workers at 627 (bench/realjobs.py report run at 21918a4, reads-2026-11-29): their queue
-    held at most 78 MiB, four batches of 19.5, in 17 of 41 reads over 120 s. 8 s into the loader
-    rebuilt for 624, one read held 98; each worker costs its share of the queue at its fullest,
-    so the batch's budget fell 19 MiB on that one read and the run went from 624 to 605 (93 % of
-    the 648 that fits) for good. The next read held 19. A high the queue holds shows twice."""
-    read = two_workers_at_600()
-    for i in range(8):  # 18 MiB mapped by the trainer, the rest on its way: 78, 59, 39, 78, ...
-        read(3.0 * i, 0.6 * i, [(340, 0), (340, 0)], group_shmem=18 + (78, 59, 39, 78)[i % 4])
-    once = read(25.0, 5.0, [(340, 0), (340, 0)], group_shmem=18 + 98)
-    assert once.queued == 98 * MiB  # in use now: the room of this read counts it
-    assert once.queued_high == 78 * MiB  # what each worker's share is costed at: not a passing 98
-    twice = read(28.0, 5.6, [(340, 0), (340, 0)], group_shmem=18 + 98)
-    assert twice.queued_high == 98 * MiB
-
-
 def two_workers_at_600(group_shmem=None):
     """read(at, cpu, [(USS, shared memory it alone maps), ...] in MiB) -> the planner's WorkerFacts
     for one session, as it reads the two-workers row at batch 600 (bench/composition.py): the
@@ -1074,8 +1058,9 @@ def two_workers_at_600(group_shmem=None):
 
     session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
                             limits=Limits(num_workers=2), created=0.0, last_seen=0.0)
-    def read(at, cpu, workers, group_shmem=group_shmem):
-        cg = Cgroup(1, "/memd-bench", 2 * GiB, 2000 * MiB, shmem_bytes=group_shmem * MiB) if group_shmem else None
+    cg = Cgroup(1, "/memd-bench", 2 * GiB, 2000 * MiB, shmem_bytes=group_shmem * MiB) if group_shmem else None
+
+    def read(at, cpu, workers):
         procs = (ProcessMemory(7, 1, "trainer", 1330 * MiB, None, None, shmem_bytes=18 * MiB,
                                private_shmem_bytes=0),) + tuple(
             ProcessMemory(8 + i, 7, "pt_data_worker", 630 * MiB, None, uss * MiB, anon_bytes=614 * MiB,

@@ -1441,39 +1441,6 @@ def test_beside_workers_a_step_into_the_margins_spare_part_keeps_its_batch():
     assert plan(int(836.5 * MiB)).batch_size < 123  # past the spare part too: it cuts
 
 
-def test_beside_workers_its_loop_rebuilds_a_cut_goes_to_a_batch_the_job_ran():
-    """The four-workers loop in 2 GiB (workers-2g, helpers, at 21918a4; this VM, 2026-11-29, its
-    reads with memd's status beside them in docs/results/real/reads-2026-11-29). It had run 32,
-    37, 74, 118, 127 and 135; at 135 its step peaked at 846.3 MiB on a budget of 846.2, and its
-    line (847.4 at 135, 845.1 at 132) sent it to 132, a size it had not run. Each new size raises
-    the trainer's peaks by about 1 MiB for the rest of the run (bench/shapecost.py: at 109, 818.4
-    MiB after eight other sizes, 810.6 fresh), and the loop rebuilt its four workers at each
-    change; cut to new sizes 2-5 samples at a time, it went 135 -> 132 -> 127 -> ... -> 109, 89 %
-    of the 123 that fits a fixed run, one cut each loader life. A cut there goes to the batch it
-    ran within a tenth below."""
-    from memd.policy.budget import Pool
-
-    per_sample = 0.77 * MiB  # the line through 845.1 at 132 and 847.4 at 135
-    ran = ((32, 733.0), (37, 739.3), (74, 779.2), (118, 826.4), (127, 837.0), (135, 846.3))
-    curve = Curve(int(847.4 * MiB - 135 * per_sample), int(per_sample), "fit", 6, 1.0,
-                  observed=tuple((b, int(peak * MiB)) for b, peak in ran), noise=0.001, kills=True)
-    workers = WorkerFacts(cpus=2.0, uss=(int(315 * MiB),) * 4, cost=int(315 * MiB), running=4, newest=4,
-                          count_held=True, level=int(315 * MiB), levelled=True)
-
-    def plan(facts=workers, observed=curve.observed):
-        peak = int(846.3 * MiB)
-        at = Pool("host", "cpu", 2 * GiB, int((846.2 + 10) * MiB) - peak, peak, 10 * MiB)
-        return decide(replace(curve, observed=observed), at, Limits(num_workers=4), ControlState(batch=135), "ok",
-                      CFG, workers=facts, latest_batch=135, latest_peak=peak).plan
-
-    cut = plan()
-    assert cut.batch_size == 127, cut.reason
-    assert cut.reason.startswith("down to 127, a batch it ran before: 135 fits no longer"), cut.reason
-    assert plan(facts=replace(workers, follows=True)).batch_size == 133  # a loader that follows the plan
-    assert plan(facts=None).batch_size == 133  # no workers
-    assert plan(observed=curve.observed[:4] + curve.observed[5:]).batch_size == 133  # 118: more than a tenth
-
-
 def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_run():
     """The four-workers loop in 2 GiB (workers-2g, helpers, at a136eea; this VM, 2026-11-28,
     its steps' peaks as memd's status showed them beside the run's reads): its steps at 118

@@ -152,12 +152,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         capped, line = cap, limit
         outgrown = latest_batch == current and curve.kills
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
-        # Beside workers its loop rebuilds at each change of batch, a cut goes to a batch it ran if
-        # one is near (_steady): a size it never ran costs it memory for the rest of the run.
-        rebuilt = workers is not None and bool(workers.uss) and not workers.follows
-        ran = tuple(b for b, _ in curve.observed) if rebuilt else ()
-        limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise,
-                                     ran)
+        limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise)
         spare = pool.spare_bytes if pool is not None else 0
         if (workers is not None and workers.uss and outgrown and latest_peak is not None
                 and latest_peak <= budget + spare and limit < current and current * (1 - cfg.min_gain) <= line
@@ -318,7 +313,7 @@ def _still_copying(batch: int, workers: WorkerFacts) -> str:
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
             cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig, clear: Optional[int] = None,
-            spread: float = 0.0, ran: Tuple[int, ...] = ()) -> Tuple[int, str, Optional[Tuple[int, int, int]]]:
+            spread: float = 0.0) -> Tuple[int, str, Optional[Tuple[int, int, int]]]:
     """Fewer, surer changes of batch: each costs the job a DataLoader rebuild, and the first step
     at a new size runs low, the next ones high. Growth waits for a second report at the batch and
     must gain min_gain. ``outgrown_here``: the latest report is at this batch, in a pool where an
@@ -329,9 +324,7 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
     spike forever). Not further: a move of min_gain (3 %) answered moves that each raised a CPU
     job's peaks (a CNN's from 991 to 1121 MiB in eight), but with glibc's heap held steady
     (memd.client.heap) six small moves raised the CNN's peak at 700 by 6 MiB (1060 -> 1066), and
-    the 3 % left the two-workers job at 605 where 623 fit. A cut goes to a batch in ``ran`` (the
-    job ran it) within REVISIT below where it would go, if there is one (_revisit). Returns
-    (limit, reason, cap)."""
+    the 3 % left the two-workers job at 605 where 623 fit. Returns (limit, reason, cap)."""
     if limit > current:
         if settling:
             return current, "keeping %d until a second step there: a batch's first step after a change runs low" % (
@@ -356,27 +349,10 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
         elif clear is not None and clear < limit:
             limit, reason = max(1, clear), "down to %d, where it would fit: %d fits no longer, its latest step plus " \
                 "the %.0f %% spread passes the %.2f GiB budget" % (max(1, clear), current, 100 * spread, budget / GiB)
-            limit, reason = _revisit(limit, reason, ran)
         else:
-            limit, reason = _revisit(limit, "down to %d: %d fits no longer (%s)" % (limit, current, reason), ran)
+            reason = "down to %d: %d fits no longer (%s)" % (limit, current, reason)
         cap = (current, limit, budget)
     return limit, reason, cap
-
-
-def _revisit(limit: int, reason: str, ran: Tuple[int, ...]) -> Tuple[int, str]:
-    """The largest batch the job ran within REVISIT below ``limit``, if any. A batch size a job
-    has not run costs it memory for the rest of its run, and one it ran costs it nothing more:
-    oneDNN keeps about 1 MiB of kernels for each size a CPU job runs: the four-workers job's
-    trainer peaked at 818.4 MiB at 109 after eight other sizes, 810.6 fresh, and at 812.6 after
-    126 and 123 in turn four times each (bench/shapecost.py).
-    Its loop rebuilt its workers at each change as well, each loader's levelling a little higher
-    than the last. Cut to new sizes 2-5 samples at a time, it went 135 -> 132 -> 127 -> ... ->
-    109 (89 % of what fits), one cut each loader life."""
-    again = max((b for b in ran if limit * (1 - REVISIT) <= b < limit), default=None)
-    if again is None:
-        return limit, reason
-    return again, "down to %d, a batch it ran before: %s, and a size it has not run costs it memory for the rest " \
-        "of its run" % (again, reason.split(": ", 1)[1])
 
 
 def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> int:
@@ -464,9 +440,6 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         fits, peak / GiB, budget / GiB, curve.source, curve.batch_sizes, "" if curve.batch_sizes == 1 else "s")
 
 
-# A cut beside workers the loop rebuilds goes to a batch the job ran within this share below
-# where its line would put it (_revisit).
-REVISIT = 0.1
 # Workers about to add more than this share of what they cost together are still growing.
 SETTLED = 0.1
 # Until a worker levels off, growth beside workers that a change of batch restarts must gain this

@@ -7,8 +7,8 @@ over the stay's second half.
     .venv/bin/python bench/shapecost.py --batches 126,123,121,119,117,115,113,111,109 \\
         --steps 40 --last 160
     .venv/bin/python bench/shapecost.py --batches 109 --last 160      # the same batch, fresh
-    .venv/bin/python bench/shapecost.py --batches 120,120,120,120,120,120 --rebuild --steps 360 \
-        --last 360      # a new loader (four fresh workers) at each stay, the batch the same
+    .venv/bin/python bench/shapecost.py --batches 120,120,120,120,120,120 --rebuild --steps 400 \
+        --last 400      # a new loader (four fresh workers) at each stay, the batch the same
 
 With ``--rebuild`` each stay starts a new loader even at the same batch, and its line adds what
 each of the loader's workers holds of its own (smaps_rollup's private pages) over the stay's

@@ -13,9 +13,9 @@ MiB = 2 ** 20
 # the kernel evicts the file's pages to make room for the next ones, and the job waits on every
 # page it reads back. It asks memd for plans meanwhile, as a training loop would. It reads the
 # file as random access does, a page a fault: with readahead each fault brought back some 10,000
-# pages, 25-30 faults a second beside a running benchmark, at the edge of what the
-# daemon calls thrashing (256 in 10 s), and a fresh clone's run saw no critical in 90 s; a page a
-# fault makes 10,000-17,000 a second here.
+# pages, 25-30 faults a second beside a running benchmark, at the edge of what the daemon calls
+# thrashing (256 in 10 s), and a fresh clone's run saw no critical in 90 s; a page a fault makes
+# 10,000-17,000 a second here.
 THRASHING_JOB = r"""
 import mmap, sys, time
 from memd import client

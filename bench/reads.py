@@ -71,9 +71,12 @@ def group(path: str) -> dict:
     return out
 
 
+def children(pid: int) -> List[int]:
+    return [int(k) for k in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+
+
 def read(pid: int, group_path: str, started: float) -> dict:
-    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return dict(t=round(time.monotonic() - started, 1), trainer=status(pid), workers=[status(int(k)) for k in kids],
+    return dict(t=round(time.monotonic() - started, 1), trainer=status(pid), workers=[status(k) for k in children(pid)],
                 group=group(group_path))
 
 

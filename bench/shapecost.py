@@ -61,7 +61,7 @@ def main() -> None:
             peaks.append(trainjob.vm_hwm())
             anon.append(trainjob.status_bytes("RssAnon:"))
             if args.rebuild and i >= steps * 3 // 4:
-                held.append(sorted(reads.status(int(pid)).get("private", 0) for pid in children()))
+                held.append(sorted(reads.status(pid).get("private", 0) for pid in reads.children(os.getpid())))
         half = slice(steps // 2, None)
         line = {"stay": k, "batch": batch, "anon_median": statistics.median(anon[half]) / MiB,
                 "anon_most": max(anon[half]) / MiB, "peak_median": statistics.median(peaks[half]) / MiB,
@@ -71,11 +71,6 @@ def main() -> None:
             line["workers_private"] = [statistics.median(w[j] for w in held if len(w) > j)
                                        for j in range(len(held[-1]))]
         print(json.dumps(line), flush=True)
-
-
-def children() -> list:
-    with open("/proc/self/task/%d/children" % os.getpid()) as f:
-        return f.read().split()
 
 
 if __name__ == "__main__":

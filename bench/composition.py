@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--switch-from", type=int, help="run the first --switch-after steps at this batch")
     parser.add_argument("--switch-after", type=int, default=0)
+    parser.add_argument("--schedule", help="BATCH:STEPS,... run in turn before --batch (an adaptive method's path)")
     parser.add_argument("--with-session", action="store_true", help="the job talks to memd (MEMD_ENDPOINT) too")
     parser.add_argument("--summarize", nargs="+", metavar="FILE", help="summarize runs logged before")
     parser.add_argument("--record", metavar="ROW", help="with FILE...: each run's verdict, and ROW's long feasible "
@@ -175,6 +176,8 @@ def main() -> None:
         cmd += ["--with-session"]
     if args.switch_from:
         cmd += ["--switch-from", str(args.switch_from), "--switch-after", str(args.switch_after)]
+    if args.schedule:
+        cmd += ["--schedule", args.schedule]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([realjobs.ROOT, os.path.join(realjobs.ROOT, "client")]))
     with realjobs.MemoryCgroup(row.limit_bytes) as cg, open(args.out, "w") as log, \
             open(args.out + ".steps", "w") as steps:

@@ -250,12 +250,18 @@ def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
 def method_fixed(shape: Shape, args) -> None:
     """--batch every step; with --switch-from B0 --switch-after N, B0 for the first N steps (a loop
     that started at its default and then moved, rebuilding its loader, as an adaptive method's does;
-    its heap trimmed at the move, as memd's client trims at each change)."""
+    its heap trimmed at the move, as memd's client trims at each change); with --schedule
+    B0:N0,B1:N1,..., each batch for its steps in turn, then --batch (an adaptive method's path)."""
+    schedule = parse_schedule(args.schedule) if args.schedule else \
+        [(args.switch_from, args.switch_after)] if args.switch_from else []
+    starts = [sum(n for _, n in schedule[:k]) for k in range(len(schedule) + 1)]
+
     def batch_for(i):
-        if args.switch_from and i == args.switch_after:
+        at = next((k for k in range(len(schedule)) if i < starts[k + 1]), len(schedule))
+        if schedule and i in starts[1:]:
             from memd.client.heap import trim_heap
             trim_heap()
-        return (args.switch_from if args.switch_from and i < args.switch_after else args.batch), 1, None
+        return (schedule[at][0] if at < len(schedule) else args.batch), 1, None
 
     if not args.with_session:
         run_steps(shape, args.steps, batch_for, lambda i, batch, hwm: reset_hwm())
@@ -268,6 +274,17 @@ def method_fixed(shape: Shape, args) -> None:
             s.report(batch_size=batch, peak_bytes=hwm)
             reset_hwm()
         run_steps(shape, args.steps, batch_for, after)
+
+
+def parse_schedule(text: str):
+    """"32:250,36:2" -> [(32, 250), (36, 2)]: batches and the steps each runs."""
+    try:
+        schedule = [tuple(int(x) for x in part.split(":")) for part in text.split(",")]
+    except ValueError:
+        schedule = []
+    if not schedule or any(len(p) != 2 or min(p) < 1 for p in schedule):
+        raise SystemExit("--schedule wants BATCH:STEPS,BATCH:STEPS,... (each at least 1), not %r" % text)
+    return schedule
 
 
 def method_report(shape: Shape, args) -> None:
@@ -422,6 +439,7 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, help="the batch for --method fixed")
     parser.add_argument("--switch-from", type=int, help="--method fixed: the batch of its first --switch-after steps")
     parser.add_argument("--switch-after", type=int, default=0)
+    parser.add_argument("--schedule", help="--method fixed: BATCH:STEPS,... run in turn before --batch")
     parser.add_argument("--with-session", action="store_true",
                         help="--method fixed: also ask memd for a plan and report each step (MEMD_ENDPOINT), "
                              "the batch staying --batch: what memd's client adds to a job")
@@ -437,6 +455,8 @@ def main(argv=None) -> None:
     args.job = args.job or "bench-%s" % args.shape
     if args.method == "fixed" and not args.batch:
         parser.error("--method fixed needs --batch")
+    if args.schedule:
+        parse_schedule(args.schedule)  # a typo fails here, before the dataset is built
     shape = Shape(args.shape, args.workers if args.shape == "workers" else 0)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())
     if args.method.startswith("lightning-"):

@@ -25,8 +25,8 @@ from memd.units import GiB  # human output is in GiB
 
 from .budget import Pool, host_free, margin
 from .fit import Curve, largest
-from .frozen import evolve
 from .growth import COURSE_ERROR
+from .frozen import evolve
 from .pressure import rank
 
 SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped

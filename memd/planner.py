@@ -406,7 +406,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             if one.level is not None:  # a levelled worker's word on the job's level, else the most worked one's
                 told = (one.levelled, course[-1][0] - course[0][0] if course else 0.0, one.level)
                 if memo.worker_level is None or told[:2] >= memo.worker_level[:2]:
-                    memo.worker_level, memo.worker_level_batch = told, session.latest_batch
+                    memo.worker_level = told
             # What it reached: the middle of its latest three reads, as one read may catch it holding a
             # batch's samples in its heap. Taken from any one read, a worker of the two-workers job
             # read at 351.7 MiB beside the other's 343.6 cost both 8 MiB more for the rest of the
@@ -490,8 +490,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                        count_held=job is None or (len(memo.worker_counts) >= 2 and
                                                   memo.worker_counts[-1][1] == memo.worker_counts[-2][1]),
                        level=memo.worker_level[2] if memo.worker_level is not None else None,
-                       levelled=memo.worker_level is not None and memo.worker_level[0],
-                       level_batch=memo.worker_level_batch if memo.worker_level is not None else None)
+                       levelled=memo.worker_level is not None and memo.worker_level[0])
 
 
 def settling(session: SessionRecord) -> bool:

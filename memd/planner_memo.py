@@ -27,7 +27,6 @@ class PlannerMemo:
     # before one read off a course (growth.level_of), and the one that had done the most work;
     # None until one has slowed enough to tell.
     worker_level: Optional[Tuple[bool, float, int]] = None
-    worker_level_batch: Optional[int] = None  # the batch the job ran when its level was read
     worker_evident: int = 0  # one worker's cost from evidence alone, until a worker levelled off
     workers_read: Optional[float] = None  # the job read they were last updated from
     worker_counts: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=64))

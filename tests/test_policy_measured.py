@@ -669,7 +669,6 @@ def test_a_level_is_evidence_once_a_worker_levelled_off():
         reads = json.load(f)["batch 64, 4 workers, 700 steps"]
     session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
                             limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
-    session.latest_batch = 64
     seen, most = [], 0
     for at, workers in reads:
         procs = (ProcessMemory(7, 1, "trainer", 1000 * MiB, None, None),) + tuple(
@@ -678,7 +677,6 @@ def test_a_level_is_evidence_once_a_worker_levelled_off():
         facts = worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(), monotonic=at), CFG)
         most = max([most] + [uss * MiB for _, uss, _ in workers])
         seen.append((session.planner.worker_level, facts.evident, most))
-        assert facts.level_batch == (64 if facts.level is not None else None)  # the batch the job ran then
     estimated = [evident for level, evident, _ in seen if level is not None and not level[0]]
     levelled = [(level[2], evident, held) for level, evident, held in seen if level is not None and level[0]]
     assert estimated and all(e is not None and e <= 316 * MiB for e in estimated)  # never past what they reach
@@ -1226,45 +1224,6 @@ def test_before_its_workers_level_off_a_loop_grows_only_by_a_move_worth_their_co
         waiting.reason, waiting.reason
     assert plan(levelled=True).batch_size > 32  # with the level shown, the small move is sure
     assert plan(levelled=False, follows=True).batch_size > 32  # a loader that follows the plan keeps its workers
-
-
-def test_a_level_read_at_a_smaller_batch_grows_with_the_batch_it_plans():
-    """The four-workers loop at 21918a4 (suggest; reads-2026-11-29/workers-2g-suggest-21918a4):
-    its first loader's workers levelled at 313.0 MiB building batches of 32, and that level stood
-    for the whole run. At 162.7 s, at 119, with its rebuilt loader's workers copying (262-275
-    MiB), the plan went to 130, beside workers costed 313.0 and the samples they would add past
-    119. Its next loaders' workers levelled at 315.1-315.8 MiB at 122 and 315.6-316.3 at 120
-    (32 KiB a sample past 32: 315.8 at 120); the run came back down 130 -> 127 -> 124 -> ... ->
-    109, a few samples a cut, each a rebuild. Growth goes no further than workers at their level
-    and the samples they hold past the batch it was read at."""
-    from memd.policy.budget import Pool
-
-    obs = [Observation(32, 733 * MiB, warmup=True)] + [
-        Observation(32, int((732.9 + 0.1 * (i % 3)) * MiB)) for i in range(60)]
-    obs += [Observation(111, int(818.5 * MiB), settling=True), Observation(111, 819 * MiB)]
-    obs += [Observation(119, int(828.4 * MiB), settling=True)] + [
-        Observation(119, int((828.4 + 0.1 * (i % 2)) * MiB)) for i in range(60)]
-    curve = fit(obs, kills=True)
-    # Its pool's budget then: 912.1 MiB for the job and its workers, at its peak of 828.5.
-    pool = Pool("host", "cpu", 2 * GiB, int(91.6 * MiB), int(828.5 * MiB), 8 * MiB)
-    sample = 29.9 * MiB / 119 / 8  # the queue's 29.9 MiB at 119, over four workers' two slots each
-
-    def plan(level_batch):
-        facts = WorkerFacts(cpus=2, uss=tuple(int(u * MiB) for u in (274.6, 262.3, 269.2, 266.4)),
-                            cost=313 * MiB, running=4, newest=4, growth=int(115.1 * MiB),
-                            copying=int(115.1 * MiB), queued=int(29.9 * MiB), queued_high=int(35.2 * MiB),
-                            queued_per_sample=29.9 * MiB / 119, level=313 * MiB, levelled=True,
-                            level_batch=level_batch)
-        return decide(curve, pool, Limits(), ControlState(batch=119), "ok", CFG, workers=facts, latest_batch=119,
-                      latest_peak=int(828.5 * MiB)).plan
-
-    assert plan(119).batch_size == 131  # a level read at the batch it runs: as the run went (130)
-    grown = plan(32)
-    b = grown.batch_size
-    assert 119 * (1 + CFG.min_gain) <= b <= 124, grown.reason
-    assert (313 * MiB + sample * (b - 32)) / MiB <= 316  # each at its level and the samples past 32
-    assert grown.reason.startswith("%d: its workers level off at 0.31 GiB building batches of 32, and each holds 32 "
-                                   "KiB more a sample of a larger one" % b), grown.reason
 
 
 def test_what_a_worker_reached_at_the_batch_it_runs_is_not_grown_again():

@@ -25,7 +25,6 @@ from memd.units import GiB  # human output is in GiB
 
 from .budget import Pool, host_free, margin
 from .fit import Curve, largest
-from .growth import COURSE_ERROR
 from .frozen import evolve
 from .pressure import rank
 
@@ -74,7 +73,6 @@ class WorkerFacts:
     # read off a worker's course): shown, not planned on (cost and evident carry it).
     level: Optional[int] = None
     levelled: bool = False
-    level_batch: Optional[int] = None  # the batch the job ran when its level was read
     # What grows with the batch beside the workers (_per_sample): the most the queue held per
     # sample of the batch the job ran within the horizon.
     queued_per_sample: float = 0.0
@@ -140,13 +138,12 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         budget = pool.budget(latest_peak if held_peak is None else held_peak) if pool is not None else None
     pool_budget = budget
     current = state.batch
-    kept = unproven = reach = None
+    kept = unproven = None
     at_ceiling = False
     as_they_are = None  # the budget beside workers if they stopped growing now (their growth is held back in it)
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
         as_they_are = budget + workers.growth if workers.uss else None
-        budget, kept, unproven, reach = _beside_workers(limits, workers, curve, budget, grow_dip,
-                                                        current or latest_batch)
+        budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip, current or latest_batch)
     limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
     cap = state.cap
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
@@ -182,7 +179,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
-                                               limits, latest_peak, latest_batch, cfg, reach)
+                                               limits, latest_peak, latest_batch, cfg)
         if (limit < current and as_they_are is not None and workers.read is not None and state.cut_on == workers.read
                 and latest_batch == current and latest_peak is not None and latest_peak <= as_they_are):
             # A cut on what the workers will add (a projection of their latest read) waits for the
@@ -253,7 +250,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
 def _growth_beside_workers(limit: int, reason: str, current: int, workers: WorkerFacts, unproven: Optional[int],
                            dip: int, curve: Optional[Curve], budget: Optional[int], limits: Limits,
                            latest_peak: Optional[int], latest_batch: Optional[int],
-                           cfg: PolicyConfig, reach: Optional[int] = None) -> Tuple[int, str]:
+                           cfg: PolicyConfig) -> Tuple[int, str]:
     """Where growth waits beside dataloader workers; cuts never do. Until the workers show their
     level, their projection to all they map caps it (``unproven``, _beside_workers). While they
     copy fast it waits: the pool and the workers are read apart (the group every sample, each
@@ -293,17 +290,6 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
         # 120 -> 122 on it, and its four workers started their copies over.
         limit = max(current, unproven) if unproven >= current * (1 + gain) else current
         reason = _still_copying(limit, workers)
-    if reach is not None and limit > max(current, reach):
-        # Levelled at one batch, a worker holds more as it builds larger ones (``reach``,
-        # _beside_workers): beside four levelled at 313.0 MiB building batches of 32, the
-        # benchmark's loop went 119 -> 130, where its next loaders' workers levelled at 315-316,
-        # and it came back down a few samples a cut, a rebuild each.
-        limit = max(current, reach) if reach >= current * (1 + gain) else current
-        why = "its workers level off at %.2f GiB building batches of %d, and each holds %d KiB more a sample of " \
-            "a larger one" % ((workers.level or 0) / GiB, workers.level_batch or 0,
-                              round(_per_sample(limits, workers) / 1024))
-        reason = "%d: %s" % (limit, why) if limit > current else \
-            "keeping %d: %s; what fits beside them is a gain under %.0f %%" % (current, why, 100 * gain)
     rushing = max(workers.growth, workers.copying)
     if limit > current and rushing > SETTLED * _running(workers) * (_per_worker(workers) or 0):
         return current, "keeping %d: its workers are still growing (%.2f GiB within seconds), and growth waits " \
@@ -509,12 +495,10 @@ def _per_sample(limits: Limits, facts: WorkerFacts) -> float:
     return facts.queued_per_sample / (max(1, _running(facts)) * asked)
 
 
-def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int, dip: int = 0,
-                    batch: Optional[int] = None) -> Tuple[int, Optional[int], Optional[int], Optional[int]]:
+def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int,
+                    dip: int = 0, batch: Optional[int] = None) -> Tuple[int, Optional[int], Optional[int]]:
     """(the batch's budget, the workers kept beside it, None before a worker is measured; the
-    largest batch the workers' projection allows, where it stops growth but may not cut; the
-    largest batch beside workers at their level and the samples they add past the batch it was
-    read at, which stops growth too).
+    largest batch the workers' projection allows, where it stops growth but may not cut).
 
     In a pool the batch shares with its workers, the number of workers is decided first, once
     for the pool: the most of those the job asked for whose measured cost leaves the batch at
@@ -534,7 +518,7 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     per_worker = _per_worker(facts)
     wanted = _wanted(limits, facts)
     if not per_worker or not wanted:
-        return budget, None, None, None
+        return budget, None, None
     queued, share = _queue(limits, facts)
     room = budget + facts.growth + sum(facts.uss) + queued  # with no worker: all of theirs comes back
     half = max(limits.min_batch, curve.max_batch(room) // 2)
@@ -542,7 +526,7 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     asked = limits.prefetch_factor or 2
     sample = _per_sample(limits, facts)
 
-    def left(kept: int, each: int, b: int, level: Optional[Tuple[int, int]] = None) -> int:
+    def left(kept: int, each: int, b: int) -> int:
         # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them, in a
         # loader that follows the plan (a loop's own keeps its own: the benchmark's four, costed at
         # one batch each beside the two memd would keep, queued eight). At a batch larger than the
@@ -554,19 +538,16 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         # What a worker holds was read at the batch the job runs: past it, it holds more samples
         # as it builds a batch. (Counted from the batch its level was read at, four workers that
         # reached 320 MiB at 119 were costed 323 there, and the plan went 119 -> 102.)
-        own = each + sample * max(0, b - (batch or b))
-        if level is not None:  # (bytes, the batch it was read at): the level a worker reaches at b
-            own = max(own, level[0] + sample * max(0, b - level[1]))
-        return int(room - kept * (own + prefetch * sample * b))
+        grown = sample * max(0, b - (batch or b))
+        return int(room - kept * (each + grown + prefetch * sample * b))
 
-    def beside_them(kept: int, each: int, less: int = 0, level: Optional[Tuple[int, int]] = None) -> int:
+    def beside_them(kept: int, each: int, less: int = 0) -> int:
         """The batch's budget beside ``kept`` workers of ``each``: their share at the largest
-        batch that fits beside them (``less``: held back from it too; ``level``: each reaches
-        it, read at a batch, and the samples it adds past that batch)."""
+        batch that fits beside them (``less``: held back from it too)."""
         if not sample:
             return left(kept, each, 0) - less
-        fits = largest(lambda b: curve.max_batch(left(kept, each, b, level) - less) >= b, near=batch or None)
-        return left(kept, each, max(1, fits), level) - less
+        fits = largest(lambda b: curve.max_batch(left(kept, each, b) - less) >= b, near=batch or None)
+        return left(kept, each, max(1, fits)) - less
 
     # A bisection, not a count down: the hint is the client's number, and 10**12 froze the daemon.
     kept = wanted if curve.max_batch(beside_them(wanted, per_worker)) >= half else \
@@ -579,22 +560,14 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     # took 4 s, over before the daemon's next read of its processes.)
     beside = kept if facts.follows else max(kept, _running(facts))
     if not beside:
-        return budget, 0, None, None
+        return budget, 0, None
     projected = min(budget, beside_them(beside, per_worker))
-    # What the job's level says a worker will hold at a larger batch than it was read at: it was
-    # read while the worker built batches of one size, and past it the worker holds the samples
-    # of a larger one as it builds it (what it reached is read at the batch the job runs, above).
-    # A projection: it stops growth, and cuts nothing.
-    reach = None
-    if sample and facts.level and facts.level_batch:
-        upper = facts.level if facts.levelled else int(facts.level * (1 + COURSE_ERROR))
-        reach = curve.max_batch(min(budget, beside_them(beside, per_worker, level=(upper, facts.level_batch))))
     if facts.evident is None:
-        return projected, kept, None, reach
+        return projected, kept, None
     # Growth goes beside the workers of the latest read too, if more: a loader's workers start
     # over a second, and in the first the median of the counts was 1 of 4 (a probe went 32 -> 130).
     starting = min(budget - dip, beside_them(max(beside, facts.newest or 0), per_worker, dip))
-    return min(budget, beside_them(beside, facts.evident)), kept, curve.max_batch(starting), reach
+    return min(budget, beside_them(beside, facts.evident)), kept, curve.max_batch(starting)
 
 
 def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: str, host_total: Optional[int],

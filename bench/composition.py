@@ -71,9 +71,10 @@ def summarize(path: str) -> str:
     late = [e["dt"] for e in steps[20:]] or [e["dt"] for e in steps]
     median = statistics.median(late)
     files = [r["group"]["active_file"] + r["group"]["inactive_file"] for r in reads]
-    return "%s: batch %d, %d steps, %.2f s a step (median past step 20), %.0f samples/s; file pages %d-%d MiB " \
+    path_to = "" if steps[0]["batch"] == steps[-1]["batch"] else " (from %d)" % steps[0]["batch"]
+    return "%s: batch %d%s, %d steps, %.2f s a step (median past step 20), %.0f samples/s; file pages %d-%d MiB " \
         "(min, median); group usage up to %d MiB" % (
-            os.path.basename(path), steps[0]["batch"], len(steps), median, steps[0]["batch"] / median,
+            os.path.basename(path), steps[-1]["batch"], path_to, len(steps), median, steps[-1]["batch"] / median,
             min(files), statistics.median(files), max(r["group"]["usage"] for r in reads))
 
 
@@ -119,6 +120,8 @@ def record(row: str, paths: List[str], results: str) -> None:
         steps = [e for e in events if e.get("e") == "step"]
         if not steps:
             raise SystemExit("composition: %s took no step" % path)
+        if len({e["batch"] for e in steps}) > 1:  # --switch-from, --schedule: an adaptive path, not a probe
+            raise SystemExit("composition: %s changed its batch; only runs at one batch are probes of it" % path)
         probe = dict(batch=steps[0]["batch"], steps=len(steps), file=os.path.basename(path),
                      **verdict(steps, any(e.get("e") == "end" for e in events)))
         probes.append(probe)

@@ -1,0 +1,48 @@
+"""Fixed runs that follow a path of batch sizes (bench/trainjob.py ``--schedule``), as an adaptive
+method's job does before it settles: real PyTorch steps of the tiny shape, no daemon, no cgroup;
+and bench/composition.py, which never takes such a run for a probe of one batch."""
+import json
+import os
+import sys
+
+import pytest
+
+from realdaemon import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+
+def test_a_run_that_changed_its_batch_is_no_probe_of_one(tmp_path):
+    from bench import composition
+
+    run = tmp_path / "path.jsonl"
+    run.write_text("")
+    steps = [{"e": "step", "i": i, "batch": 32 if i < 2 else 117, "dt": 0.4} for i in range(4)]
+    (tmp_path / "path.jsonl.steps").write_text("".join(json.dumps(e) + "\n" for e in steps + [{"e": "end"}]))
+    with pytest.raises(SystemExit, match="changed its batch"):
+        composition.record("workers-2g", [str(run)], str(tmp_path / "results.json"))
+    assert not (tmp_path / "results.json").exists()
+
+
+def trainjob():
+    pytest.importorskip("torch")
+    import trainjob
+    return trainjob
+
+
+def steps_of(capsys, *args):
+    trainjob().main(["--shape", "tiny", "--method", "fixed", "--batch", "4", *args])
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"e": "step"')]
+
+
+def test_a_schedule_runs_each_batch_for_its_steps_then_the_batch(capsys):
+    assert [s["batch"] for s in steps_of(capsys, "--schedule", "2:2,3:1", "--steps", "5")] == [2, 2, 3, 4, 4]
+    assert [s["batch"] for s in steps_of(capsys, "--switch-from", "2", "--switch-after", "1", "--steps", "3")] == \
+        [2, 4, 4]
+
+
+@pytest.mark.parametrize("bad", ["2:x", "2", "0:3", "2:1,"])
+def test_a_bad_schedule_is_refused_before_the_job_starts(capsys, bad):
+    with pytest.raises(SystemExit, match="--schedule wants BATCH:STEPS"):
+        trainjob().main(["--shape", "tiny", "--method", "fixed", "--batch", "4", "--schedule", bad])
+    assert '"e": "start"' not in capsys.readouterr().out

@@ -277,7 +277,7 @@ def method_fixed(shape: Shape, args) -> None:
 
 
 def parse_schedule(text: str):
-    """"32:250,36:2" -> [(32, 250), (36, 2)]: batches and the steps each runs."""
+    """'32:250,36:2' -> [(32, 250), (36, 2)]: batches and the steps each runs."""
     try:
         schedule = [tuple(int(x) for x in part.split(":")) for part in text.split(",")]
     except ValueError:

@@ -2,14 +2,8 @@
 method's job does before it settles: real PyTorch steps of the tiny shape, no daemon, no cgroup;
 and bench/composition.py, which never takes such a run for a probe of one batch."""
 import json
-import os
-import sys
 
 import pytest
-
-from realdaemon import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
 def test_a_run_that_changed_its_batch_is_no_probe_of_one(tmp_path):
@@ -26,7 +20,7 @@ def test_a_run_that_changed_its_batch_is_no_probe_of_one(tmp_path):
 
 def trainjob():
     pytest.importorskip("torch")
-    import trainjob
+    from bench import trainjob
     return trainjob
 
 

@@ -456,6 +456,8 @@ def main(argv=None) -> None:
     if args.method == "fixed" and not args.batch:
         parser.error("--method fixed needs --batch")
     if args.schedule:
+        if args.switch_from:
+            parser.error("--schedule and --switch-from both set a path: give one")
         parse_schedule(args.schedule)  # a typo fails here, before the dataset is built
     shape = Shape(args.shape, args.workers if args.shape == "workers" else 0)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())

@@ -40,3 +40,10 @@ def test_a_bad_schedule_is_refused_before_the_job_starts(capsys, bad):
     with pytest.raises(SystemExit, match="--schedule wants BATCH:STEPS"):
         trainjob().main(["--shape", "tiny", "--method", "fixed", "--batch", "4", "--schedule", bad])
     assert '"e": "start"' not in capsys.readouterr().out
+
+
+def test_a_schedule_and_a_switch_together_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        trainjob().main(["--shape", "tiny", "--method", "fixed", "--batch", "4", "--schedule", "2:1",
+                         "--switch-from", "3", "--switch-after", "1"])
+    assert "give one" in capsys.readouterr().err

@@ -17,6 +17,13 @@ from the heap instead, where what a step leaves in the middle decides where the 
 tensors land. Held at its starting 128 KiB (``steady_heap``), the same batch peaked the same at
 every step: a CNN at batch 560 in a 1 GiB cgroup at 797-812 MiB anonymous instead of 834-883, a
 GPT-style job at batch 40 in 1.5 GiB at 875-889 instead of 888-1006 (bench/heapcost.py has the cost).
+
+A process forked from it (a DataLoader worker) builds each batch from per-sample buffers that
+are freed once the batch is collated into shared memory; from the heap, what they leave stays
+resident in every worker, more in one loader's workers than in the next. In a 2 GiB cgroup four
+workers' C heaps held 4.8-10.1 MiB each, the loader deciding which, while their copies of the
+dataset held 307-309 in every loader. A forked child therefore maps blocks of 16 KiB or more
+(``WORKER_MMAP_THRESHOLD``), given back whole when freed (bench/workerheap.py has the cost).
 """
 from __future__ import annotations
 
@@ -29,15 +36,18 @@ _trim: Optional[Any] = None
 _probed = False
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h); setting it also stops the threshold rising
 STEADY_MMAP_THRESHOLD = 128 * 1024  # glibc's own starting threshold
+WORKER_MMAP_THRESHOLD = 16 * 1024  # in a forked child: a loader worker's per-sample buffers
 _steady: Optional[bool] = None
+_mallopt: Optional[Any] = None
 
 
 def steady_heap() -> bool:
     """Keep glibc's mmap threshold at its starting 128 KiB for the rest of the process, so a
     step's large tensors are mapped and unmapped whole and its peak does not depend on what
-    earlier steps left in the heap. Once per process; ``MEMD_STEADY_HEAP=0`` leaves the heap
-    alone. False where there is no glibc (nothing to set) or it was left alone. Never raises."""
-    global _steady
+    earlier steps left in the heap; in the processes it forks, at 16 KiB (the module's note).
+    Once per process; ``MEMD_STEADY_HEAP=0`` leaves the heap alone. False where there is no
+    glibc (nothing to set) or it was left alone. Never raises."""
+    global _steady, _mallopt
     if _steady is None:
         _steady = False
         if os.environ.get("MEMD_STEADY_HEAP", "1").strip() not in ("0", "no", "false", "off"):
@@ -47,7 +57,20 @@ def steady_heap() -> bool:
                 _steady = mallopt(_M_MMAP_THRESHOLD, STEADY_MMAP_THRESHOLD) == 1
             except Exception:
                 _steady = False
+            if _steady:
+                _mallopt = mallopt
+                if hasattr(os, "register_at_fork"):
+                    os.register_at_fork(after_in_child=_steady_child)
     return _steady
+
+
+def _steady_child() -> None:
+    """In a forked child (a loader worker): blocks of WORKER_MMAP_THRESHOLD or more are mapped."""
+    try:
+        if _mallopt is not None:
+            _mallopt(_M_MMAP_THRESHOLD, WORKER_MMAP_THRESHOLD)
+    except Exception:
+        pass
 
 
 def trim_heap() -> bool:

@@ -6,14 +6,15 @@ step trained (the workers' rate, the worst case for the threshold), in fresh pro
     .venv/bin/python bench/workerheap.py [--workers 2] [--batch 120] [--batches 300] [--rounds 3]
 
 Each round runs both arms, in alternating order (the machine is shared: a ratio taken within a
-round is what counts). Per arm: the median seconds a batch (after the first pass over the
-records, once each worker has copied what it reads), and at the end each worker's private
+round is what counts). Per arm: the median seconds a batch (after the batches of the first
+pass over the records), and at the end each worker's private
 pages in its C heap (``[heap]`` in /proc/PID/smaps) and elsewhere. Prints a markdown table and
 writes JSON (--out).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -22,7 +23,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MiB = 2 ** 20
+M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 
 
 def private(pid: int) -> tuple:
@@ -49,8 +50,10 @@ def arm(args) -> None:
     from memd.client import heap
     if not heap.steady_heap():
         raise SystemExit("workerheap: glibc's mallopt is not here (or MEMD_STEADY_HEAP=0)")
-    if args.arm == "parent":
-        os.register_at_fork(after_in_child=lambda: heap._mallopt(heap._M_MMAP_THRESHOLD, heap.STEADY_MMAP_THRESHOLD))
+    if args.arm == "parent":  # runs after memd's own hook: the child goes back to the parent's threshold
+        mallopt = ctypes.CDLL(None).mallopt
+        mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        os.register_at_fork(after_in_child=lambda: mallopt(M_MMAP_THRESHOLD, heap.STEADY_MMAP_THRESHOLD))
     from bench import reads, trainjob
     shape = trainjob.Shape("workers", args.workers)
     first_pass = len(shape.records.rows) // args.batch + 1

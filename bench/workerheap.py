@@ -7,9 +7,8 @@ step trained (the workers' rate, the worst case for the threshold), in fresh pro
 
 Each round runs both arms, in alternating order (the machine is shared: a ratio taken within a
 round is what counts). Per arm: the median seconds a batch (after the batches of the first
-pass over the records), and at the end each worker's private
-pages in its C heap (``[heap]`` in /proc/PID/smaps) and elsewhere. Prints a markdown table and
-writes JSON (--out).
+pass over the records), and at the end each worker's private pages in its C heap (``[heap]`` in
+/proc/PID/smaps) and elsewhere. Prints a markdown table and writes JSON (--out).
 """
 from __future__ import annotations
 

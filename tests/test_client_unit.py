@@ -313,12 +313,8 @@ print(ok, before - rss())
     assert ok == "True" and int(released) > 60 * 2 ** 20
 
 
-def test_a_session_keeps_the_heap_steady_so_a_step_leaves_nothing_behind():
-    """glibc raises its mmap threshold to each large block freed: after a 4 MiB tensor, a step's
-    1 MiB tensors come from the heap, and 64 of them freed between others that live on stay
-    resident (the next step's peak rides on them). A Session holds the
-    threshold at 128 KiB: the same tensors are unmapped when freed. MEMD_STEADY_HEAP=0 opts out."""
-    code = """
+# A fresh interpreter with libc's malloc, free and memset at hand, a Session made, and rss().
+HEAP_PREAMBLE = """
 import ctypes
 from memd.client import Session
 libc = ctypes.CDLL(None)
@@ -328,6 +324,25 @@ libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 Session("heap-test", endpoint="ipc:///nonexistent/memd.sock")  # no daemon needed: nothing is sent
 def rss():
     return int(open('/proc/self/statm').read().split()[1]) * 4096
+"""
+
+
+def kept_with_and_without_steady_heap(code):
+    """What ``code`` prints (bytes kept resident), with the Session's heap held ("1") and left ("0")."""
+    kept = {}
+    for steady in ("1", "0"):
+        env = dict(memd_env(), MEMD_STEADY_HEAP=steady)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        kept[steady] = int(out.stdout)
+    return kept
+
+
+def test_a_session_keeps_the_heap_steady_so_a_step_leaves_nothing_behind():
+    """glibc raises its mmap threshold to each large block freed: after a 4 MiB tensor, a step's
+    1 MiB tensors come from the heap, and 64 of them freed between others that live on stay
+    resident (the next step's peak rides on them). A Session holds the
+    threshold at 128 KiB: the same tensors are unmapped when freed. MEMD_STEADY_HEAP=0 opts out."""
+    code = HEAP_PREAMBLE + """
 first = libc.malloc(4 << 20)  # a first step's large tensor, freed
 libc.memset(first, 1, 4 << 20)
 libc.free(first)
@@ -341,11 +356,7 @@ print(rss() - (before - (64 << 20)))
 """
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc's mallopt is Linux's")
-    kept = {}
-    for steady in ("1", "0"):
-        env = dict(memd_env(), MEMD_STEADY_HEAP=steady)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        kept[steady] = int(out.stdout)
+    kept = kept_with_and_without_steady_heap(code)
     assert kept["0"] > 48 * 2 ** 20, kept  # the mechanism is real here: left alone, the heap keeps them
     assert kept["1"] < 8 * 2 ** 20, kept
 
@@ -356,16 +367,8 @@ def test_a_sessions_forked_workers_give_back_their_per_sample_buffers():
     heap, those freed between buffers that live on stay resident in the worker: in a 2 GiB cgroup
     four workers' C heaps held 4.8-10.1 MiB each, the loader deciding which. A forked child maps
     blocks of 16 KiB or more, unmapped when freed. MEMD_STEADY_HEAP=0 opts out here too."""
-    code = """
-import ctypes, os
-from memd.client import Session
-libc = ctypes.CDLL(None)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-Session("heap-test", endpoint="ipc:///nonexistent/memd.sock")  # no daemon needed: nothing is sent
-def rss():
-    return int(open('/proc/self/statm').read().split()[1]) * 4096
+    code = HEAP_PREAMBLE + """
+import os
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:  # the worker
@@ -382,11 +385,7 @@ print(os.read(r, 64).decode())
 """
     if not sys.platform.startswith("linux"):
         pytest.skip("glibc's mallopt is Linux's")
-    kept = {}
-    for steady in ("1", "0"):
-        env = dict(memd_env(), MEMD_STEADY_HEAP=steady)
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        kept[steady] = int(out.stdout)
+    kept = kept_with_and_without_steady_heap(code)
     assert kept["0"] > 3 * 2 ** 20, kept  # left alone, the worker's heap keeps the freed samples
     assert kept["1"] < 1 * 2 ** 20, kept
 

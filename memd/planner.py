@@ -12,7 +12,7 @@ import json
 import math
 import statistics
 from dataclasses import replace
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, List, Optional
 
 from memd.claims import Claims, Others, counts, gather, neighbour
 from memd.config import PolicyConfig
@@ -389,7 +389,6 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 memo.worker_courses.pop(pid, None)
                 memo.worker_inherited = max(memo.worker_inherited, memo.worker_projected.pop(pid, 0))
         seen = []
-        reached = 0
         for pid, proc in list(now.items())[:MAX_WORKERS]:
             rss = proc.rss_bytes or 0
             held = proc.own_bytes
@@ -411,8 +410,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             # batch's samples in its heap. Taken from any one read, a worker of the two-workers job
             # read at 351.7 MiB beside the other's 343.6 cost both 8 MiB more for the rest of the
             # run and cut its batch 605 -> 586.
-            reached = max(reached, statistics.median_low(r[2] for r in list(reads)[-3:]))
-            seen.append((pid, held, one, bound))
+            reached = statistics.median_low(r[2] for r in list(reads)[-3:])
+            seen.append((pid, held, one, bound, reached))
         # ``reached``: what the live workers hold now, not the most any worker held this run. Kept
         # as a run's most, two reads of a worker collating a batch (315.6 MiB) cost each of the
         # four-workers loop's workers that much for the rest of its run, 550 s in which all four
@@ -424,9 +423,10 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # 2 GiB beside four workers, 4 % low (a course read 306.8 MiB) let a batch of 155-161 where
         # 138 fits, and the cuts that followed rebuilt the loop's loader every 30-60 s.
         upper = None if level is None else level if levelled else int(level * (1 + COURSE_ERROR))
-        ahead = copying = projected = evident = 0
+        ahead = copying = 0
         passing = False
-        for pid, held, one, bound in seen:
+        reached_each, projected_each, evident_each = [], [], []
+        for pid, held, one, bound, reached in seen:
             # What it adds within GROWTH_AHEAD at its rate; a fresh fork's first burst is no course,
             # but while it lasts the room read beside it runs high (controller._growth_beside_workers).
             rushing = int(min(one.rate * GROWTH_AHEAD, max(0, one.projected - held)))
@@ -452,9 +452,22 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 memo.worker_projected[pid] = max(upper, held + soon)
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
-            evident = max(evident, 0 if past else held + soon)  # past: what it reached (``reached``)
-            projected = max(projected, memo.worker_projected[pid])
+            reached_each.append(reached)
+            evident_each.append(max(reached, 0 if past else held + soon))  # past: what it reached
+            projected_each.append(memo.worker_projected[pid])
             ahead += 0 if past else soon
+        # Until a worker levels off, each costs what the most costly one does: they copy the same
+        # dataset, and one ahead shows where the others are going. Once one has, each costs the
+        # level or its own more: one collating a batch, or keeping a few MiB more of heap, holds
+        # them alone. Costed at the most one held, four workers in 2 GiB at 312.3, 312.3, 315.1
+        # and 312.4 MiB (1252 together) were costed 1260, and the benchmark's loop was cut
+        # 130 -> 122; in a run of 2400 steps at 129 the four held at most 9 MiB above their
+        # level together, where four times the most one held above it reached 28.
+        each = _mean if levelled else _most
+        floor = (level or 0) if levelled else 0
+        reached = each([max(floor, r) for r in reached_each])
+        projected = each(projected_each)
+        evident = each([max(floor, e) for e in evident_each])
         if level is not None:
             memo.worker_inherited = 0
         # A projection is a line drawn through a worker's latest reads, and a read that caught it
@@ -470,8 +483,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.
         # Past the level, what a worker reached is evidence and what it will add is not (``past``).
-        memo.worker_evident = (max(reached, evident, level or 0) if passing else 0) if levelled else \
-            max(reached, evident)
+        memo.worker_evident = (max(evident, level or 0) if passing else 0) if levelled else evident
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
         memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0, session.latest_batch or 0))
@@ -491,6 +503,14 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                                                   memo.worker_counts[-1][1] == memo.worker_counts[-2][1]),
                        level=memo.worker_level[2] if memo.worker_level is not None else None,
                        levelled=memo.worker_level is not None and memo.worker_level[0])
+
+
+def _mean(values: List[int]) -> int:
+    return sum(values) // len(values) if values else 0
+
+
+def _most(values: List[int]) -> int:
+    return max(values, default=0)
 
 
 def settling(session: SessionRecord) -> bool:

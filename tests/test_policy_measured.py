@@ -1018,7 +1018,7 @@ def test_a_worker_collating_a_batch_costs_its_own_memory_not_the_batch():
         read(2.5 * i, 0.5 * i, [(337, 0), (338, 0)])
     settled = read(30.0, 6.0, [(337, 0), (338, 0)])
     collating = read(32.5, 6.5, [(356, 18), (338, 0)])
-    assert settled.cost == collating.cost == 338 * MiB
+    assert 337 * MiB <= settled.cost <= 338 * MiB and 337 * MiB <= collating.cost <= 338 * MiB  # what they hold
     assert collating.uss == (338 * MiB, 338 * MiB)
     # 75 MiB on their way in both reads: four queued, or three and the one being collated.
     assert (settled.queued, collating.queued) == (75 * MiB, 75 * MiB) and collating.queued_high == 75 * MiB
@@ -1039,10 +1039,10 @@ def test_one_read_that_caught_a_worker_collating_does_not_cut():
     for _ in range(12):  # levelled: working, not growing
         at, cpu = at + 2.0, cpu + 0.5
         settled = read(at, cpu, [(337, 0), (338, 0)])
-    assert settled.cost == 338 * MiB
+    assert 337 * MiB <= settled.cost <= 338 * MiB  # what they hold
     caught = read(at + 2.0, cpu + 0.5, [(348, 0), (338, 0)])
     after = read(at + 4.0, cpu + 1.0, [(337, 0), (338, 0)])
-    assert caught.cost == after.cost == 338 * MiB  # neither the one read nor a line through it
+    assert caught.cost <= 338 * MiB and after.cost <= 338 * MiB  # neither the one read nor a line through it
     # Growth that lasts counts from the second read that shows it.
     grows = [read(at + 4.0 + 2 * i, cpu + 1.0 + 0.5 * i, [(337 + 10 * i, 0), (338, 0)]).cost for i in range(1, 4)]
     assert grows[0] < grows[1] < grows[2] and 2 * grows[2] > (337 + 30 + 338) * MiB, [g / MiB for g in grows]
@@ -1108,6 +1108,24 @@ def test_levelled_workers_cost_what_they_hold_together_not_each_the_most_one_hol
     for i in range(4):
         ahead = copying(2.0 * (i + 1), 0.5 * (i + 1), [(200 + 20 * i, 0), (150 + 10 * i, 0)])
     assert not ahead.levelled and ahead.evident >= 260 * MiB
+
+
+def test_the_job_level_is_what_its_levelled_workers_hold_together_not_one_workers_word():
+    """The four-workers loop in 2 GiB (workers-2g, report, at 32be789; memd's reads as its status
+    showed them): at 126, its four workers levelled off at 315.1, 312.6, 312.6 and 316.4 MiB, and
+    the job's level, told by the most worked one alone, became 316.4: every worker was costed
+    that (1265.6 MiB for the 1256.7 they held), and the loop was cut 126 -> 119 -> 112 -> 110 ->
+    108 within 23 s. The workers that levelled off tell the level together: what they hold on
+    average."""
+    read = workers_read(4, 830, 596)
+    held = [315.1, 312.6, 312.6, 316.4]  # the last one read is as worked as any: its word stood
+    at = cpu = 0.0
+    for _ in range(12):  # levelled: working, not growing
+        at, cpu = at + 2.0, cpu + 0.5
+        facts = read(at, cpu, [(h, 0) for h in held])
+    together = sum(int(h * MiB) for h in held)
+    assert facts.levelled and abs(facts.level - together // 4) <= 4, facts.level / MiB
+    assert 4 * facts.cost <= together + 4 * MiB, facts.cost / MiB  # not 4 x 316.4
 
 
 def test_growth_the_workers_projection_caps_below_min_gain_waits():

@@ -355,10 +355,10 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
 def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> WorkerFacts:
     """The job's workers as the policy needs them. A worker that copies a Python-object dataset as
     it reads it (seed 004) grows step by step and levels off at a copy of it, and the job's workers
-    all copy the same dataset: the job has one level. It is known once a worker has levelled off, or
-    has slowed enough for its course to tell (policy.growth.level_of, the most worked worker's
-    word); each worker then costs the job's level, or what it holds and will add within GROWTH_AHEAD
-    if it passes it. Until then each may come to all the anonymous memory it maps (0.6 GiB where the
+    all copy the same dataset: the job has one level. It is known once workers have levelled off
+    (what they hold on average), or one has slowed enough for its course to tell
+    (policy.growth.level_of, the most worked worker's word); each worker then costs the job's
+    level, or what it holds and will add within GROWTH_AHEAD if it passes it. Until then each may come to all the anonymous memory it maps (0.6 GiB where the
     benchmark's workers level near 0.31), and that projection only stops the batch from growing
     (controller._beside_workers): what cuts it is evidence (``evident``), the most any worker
     reached this run (as two of its latest three reads show) and what the live ones hold and will

@@ -358,11 +358,13 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
     all copy the same dataset: the job has one level. It is known once workers have levelled off
     (what they hold on average), or one has slowed enough for its course to tell
     (policy.growth.level_of, the most worked worker's word); each worker then costs the job's
-    level, or what it holds and will add within GROWTH_AHEAD if it passes it. Until then each may come to all the anonymous memory it maps (0.6 GiB where the
-    benchmark's workers level near 0.31), and that projection only stops the batch from growing
-    (controller._beside_workers): what cuts it is evidence (``evident``), the most any worker
-    reached this run (as two of its latest three reads show) and what the live ones hold and will
-    add within GROWTH_AHEAD at a rate read over seconds (growth.RATE_SPAN). A level read off a
+    level, or what it holds and will add within GROWTH_AHEAD if it passes it. Until then each
+    may come to all the anonymous memory it maps (0.6 GiB where the benchmark's workers level
+    near 0.31), and that projection only stops the batch from growing
+    (controller._beside_workers): what cuts it is evidence (``evident``), what the workers reached
+    (as two of each one's latest three reads show: the most one reached, or once they levelled off
+    what they reached together) and what the live ones hold and will add within GROWTH_AHEAD at a
+    rate read over seconds (growth.RATE_SPAN). A level read off a
     course is a projection too, until a worker levels off. Fresh workers look cheap: taken at their
     own size, a loop that rebuilt its DataLoader at each change of batch was planned 342 beside four
     of them, and killed at 526 when they grew; taken at the projection, the same loop was told batch

@@ -474,8 +474,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # level or its own more: one collating a batch, or keeping a few MiB more of heap, holds
         # them alone. Costed at the most one held, four workers in 2 GiB at 312.3, 312.3, 315.1
         # and 312.4 MiB (1252 together) were costed 1260, and the benchmark's loop was cut
-        # 130 -> 122; in a run of 2400 steps at 129 the four held at most 9 MiB above their
-        # level together, where four times the most one held above it reached 28.
+        # 130 -> 122; in three runs of 2400 steps at 129 the four held at most 9-16 MiB above
+        # their level together, where four times the most one held above it reached 28.
         each = _mean if levelled else _most
         floor = (level or 0) if levelled else 0
         reached = each([max(floor, r) for r in reached_each])

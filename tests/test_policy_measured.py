@@ -1082,8 +1082,9 @@ def test_levelled_workers_cost_what_they_hold_together_not_each_the_most_one_hol
     """Four workers in 2 GiB (workers-2g, report, at b3c1a46; memd's reads as its status showed
     them): levelled at 312.3 MiB, then one held 315.1 for a stretch beside 312.3, 312.3 and 312.4
     (1252.1 together). Each was costed at the most one held, 1260.4 together, and the batch was cut
-    130 -> 122. In a fixed run of 2400 steps at 129 (bench/composition.py) the four held at most
-    9 MiB above their level together, where four times the most one held above it reached 28 MiB.
+    130 -> 122. In three fixed runs of 2400 steps at 129 (bench/composition.py) the four held at
+    most 9-16 MiB above their level together, where four times the most one held above it reached
+    28 MiB.
     Once a worker has levelled off, the four cost what they hold together; before, the most one
     holds (one ahead in its copying shows where the others go)."""
     read = workers_read(4, 830, 596)

@@ -438,7 +438,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         upper = None if level is None else level if levelled else int(level * (1 + COURSE_ERROR))
         ahead = copying = 0
         passing = False
-        reached_each, projected_each, evident_each = [], [], []
+        projected_each, evident_each = [], []
         for pid, held, one, bound, reached in seen:
             # What it adds within GROWTH_AHEAD at its rate; a fresh fork's first burst is no course,
             # but while it lasts the room read beside it runs high (controller._growth_beside_workers).
@@ -465,7 +465,6 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 memo.worker_projected[pid] = max(upper, held + soon)
             else:  # it may come to all it maps: a worker 3 s old grows at no telling rate yet
                 memo.worker_projected[pid] = max(bound, held)
-            reached_each.append(reached)
             evident_each.append(max(reached, 0 if past else held + soon))  # past: what it reached
             projected_each.append(memo.worker_projected[pid])
             ahead += 0 if past else soon
@@ -478,7 +477,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # their level together, where four times the most one held above it reached 28.
         each = _mean if levelled else _most
         floor = (level or 0) if levelled else 0
-        reached = each([max(floor, r) for r in reached_each])
+        reached = each([max(floor, r) for *_, r in seen])
         projected = each(projected_each)
         evident = each([max(floor, e) for e in evident_each])
         if level is not None:
@@ -496,7 +495,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
         # traces, 4 samples of the benchmark's flat CNN a MiB): it stops growth, and only a worker
         # that did level off makes it evidence that may cut.
         # Past the level, what a worker reached is evidence and what it will add is not (``past``).
-        memo.worker_evident = (max(evident, level or 0) if passing else 0) if levelled else evident
+        memo.worker_evident = evident if passing or not levelled else 0  # levelled: at the level at least
         memo.worker_growth, memo.worker_copying = ahead, copying
         memo.worker_counts.append((job.monotonic, len(now)))
         memo.queued.append((job.monotonic, job.in_flight_shmem_bytes or 0, session.latest_batch or 0))

@@ -1500,6 +1500,46 @@ def test_beside_workers_a_step_into_the_margins_spare_part_keeps_its_batch():
     assert plan(int(836.5 * MiB)).batch_size < 123  # past the spare part too: it cuts
 
 
+def test_beside_workers_a_cut_under_min_gain_waits_for_a_budget_that_lasts():
+    """The four-workers loop in 2 GiB (workers-2g, report, at 41e63c3; this VM, 2026-11-29; its
+    reads with memd's status in docs/results/real/reads-2026-11-29). At 126 its steps peaked at
+    842.5 MiB; its workers held 313.1 MiB each at three reads 2 s apart (budgets 845.4 and 845.6
+    MiB), then one of them read 316.3 and 316.4 (collating a batch), its workers were costed
+    314.0 each, the budget read 842.3, and the plan went 126 -> 124, a rebuild. Seven such cuts,
+    each on one read's budget, took it 135 -> 120. A cut under min_gain goes by the highest
+    budget of the workers' latest three reads: the cut waits while one of them leaves the step
+    room, and comes when all three say it passes."""
+    from memd.policy.budget import Pool
+
+    curve = Curve(int(767.9 * MiB), int(0.6 * MiB), "fit", 9, 1.0, observed=((126, int(842.5 * MiB)),),
+                  noise=0.001, kills=True)  # 126 at 843.5, 124 at 842.3: the line asked for 124
+    peak = int(842.5 * MiB)
+
+    def decision(state, read, budget, cost):
+        workers = WorkerFacts(cpus=2.0, uss=(int(cost * MiB),) * 4, cost=int(cost * MiB), running=4, newest=4,
+                              count_held=True, level=int(311.8 * MiB), levelled=True, read=read)
+        pool = Pool("host", "cpu", 2 * GiB, int((budget + 8) * MiB) - peak, peak, 8 * MiB)
+        d = decide(curve, pool, Limits(num_workers=4), state, "ok", CFG, workers=workers, latest_batch=126,
+                   latest_peak=peak)
+        assert abs(d.budget_bytes - budget * MiB) < 0.01 * MiB, (d.budget_bytes / MiB, budget)
+        return d
+
+    state = ControlState(batch=126)
+    for read, budget in ((768.2, 845.4), (770.7, 845.6)):
+        d = decision(state, read, budget, 313.1)
+        assert d.plan.batch_size == 126, d.plan.reason
+        state = d.state
+    d = decision(state, 772.5, 842.3, 314.0)
+    assert d.plan.batch_size == 126, d.plan.reason
+    assert "past the 0.82 GiB budget of its workers' latest read, within the 0.83 GiB" in d.plan.reason
+    assert decision(ControlState(batch=126), 772.5, 842.3, 314.0).plan.batch_size < 126  # no earlier read: cut
+    state = d.state
+    for read in (774.4, 776.3):  # the worker stays there: the budget lasts three reads, and the cut comes
+        d = decision(state, read, 842.3, 314.0)
+        state = d.state
+    assert d.plan.batch_size < 126, d.plan.reason
+
+
 def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_run():
     """The four-workers loop in 2 GiB (workers-2g, helpers, at a136eea; this VM, 2026-11-28,
     its steps' peaks as memd's status showed them beside the run's reads): its steps at 118

@@ -1531,7 +1531,7 @@ def test_beside_workers_a_cut_under_min_gain_waits_for_a_budget_that_lasts():
         state = d.state
     d = decision(state, 772.5, 842.3, 314.0)
     assert d.plan.batch_size == 126, d.plan.reason
-    assert "past the 0.82 GiB budget of its workers' latest read, within the 0.83 GiB" in d.plan.reason
+    assert "past the 0.823 GiB budget of its workers' latest read, within the 0.826 GiB" in d.plan.reason
     assert decision(ControlState(batch=126), 772.5, 842.3, 314.0).plan.batch_size < 126  # no earlier read: cut
     state = d.state
     for read in (774.4, 776.3):  # the worker stays there: the budget lasts three reads, and the cut comes

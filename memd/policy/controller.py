@@ -184,7 +184,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
                 within = "past the %.2f GiB budget only into the %.3f GiB of margin its group's file pages no " \
                     "longer need" % (budget / GiB, spare / GiB)
             else:
-                within = "past the %.2f GiB budget of its workers' latest read, within the %.2f GiB of a read " \
+                within = "past the %.3f GiB budget of its workers' latest read, within the %.3f GiB of a read " \
                     "a few seconds before (a worker collating a batch holds more for a moment)" % (
                         budget / GiB, lasting / GiB)
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, %s, and a cut under " \

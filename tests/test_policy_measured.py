@@ -1533,11 +1533,12 @@ def test_beside_workers_a_cut_under_min_gain_waits_for_a_budget_that_lasts():
     assert d.plan.batch_size == 126, d.plan.reason
     assert "past the 0.823 GiB budget of its workers' latest read, within the 0.826 GiB" in d.plan.reason
     assert decision(ControlState(batch=126), 772.5, 842.3, 314.0).plan.batch_size < 126  # no earlier read: cut
-    state = d.state
+    state, batches = d.state, []
     for read in (774.4, 776.3):  # the worker stays there: the budget lasts three reads, and the cut comes
         d = decision(state, read, 842.3, 314.0)
         state = d.state
-    assert d.plan.batch_size < 126, d.plan.reason
+        batches.append(d.plan.batch_size)
+    assert batches[0] == 126 and batches[1] < 126, (batches, d.plan.reason)
 
 
 def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_run():

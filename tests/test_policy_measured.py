@@ -1515,10 +1515,10 @@ def test_beside_workers_a_cut_under_min_gain_waits_for_a_budget_that_lasts():
                   noise=0.001, kills=True)  # 126 at 843.5, 124 at 842.3: the line asked for 124
     peak = int(842.5 * MiB)
 
-    def decision(state, read, budget, cost):
+    def decision(state, read, budget, cost, spare=0):
         workers = WorkerFacts(cpus=2.0, uss=(int(cost * MiB),) * 4, cost=int(cost * MiB), running=4, newest=4,
                               count_held=True, level=int(311.8 * MiB), levelled=True, read=read)
-        pool = Pool("host", "cpu", 2 * GiB, int((budget + 8) * MiB) - peak, peak, 8 * MiB)
+        pool = Pool("host", "cpu", 2 * GiB, int((budget + 8) * MiB) - peak, peak, 8 * MiB, spare_bytes=spare)
         d = decide(curve, pool, Limits(num_workers=4), state, "ok", CFG, workers=workers, latest_batch=126,
                    latest_peak=peak)
         assert abs(d.budget_bytes - budget * MiB) < 0.01 * MiB, (d.budget_bytes / MiB, budget)
@@ -1539,6 +1539,11 @@ def test_beside_workers_a_cut_under_min_gain_waits_for_a_budget_that_lasts():
         state = d.state
         batches.append(d.plan.batch_size)
     assert batches[0] == 126 and batches[1] < 126, (batches, d.plan.reason)
+    # Past the highest of the three too, but within it and the margin's spare part: the reason says both.
+    earlier = ControlState(batch=126, budgets=((770.7, int(842.0 * MiB)),))
+    kept = decision(earlier, 772.5, 841.8, 314.0, spare=int(0.6 * MiB)).plan
+    assert kept.batch_size == 126 and "within the 0.822 GiB of a read a few seconds before and the 0.001 GiB of " \
+        "margin" in kept.reason, kept.reason
 
 
 def test_the_spread_a_job_shows_is_read_within_a_stay_at_a_batch_not_across_its_run():

@@ -185,8 +185,10 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
                     "longer need" % (budget / GiB, spare / GiB)
             else:
                 within = "past the %.3f GiB budget of its workers' latest read, within the %.3f GiB of a read " \
-                    "a few seconds before (a worker collating a batch holds more for a moment)" % (
-                        budget / GiB, lasting / GiB)
+                    "a few seconds before" % (budget / GiB, lasting / GiB)
+                if latest_peak > lasting:
+                    within += " and the %.3f GiB of margin its group's file pages no longer need" % (spare / GiB)
+                within += " (a worker collating a batch holds more for a moment)"
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, %s, and a cut under " \
                 "%.0f %% is not worth a change of batch (each one restarts its workers' copying)" % (
                     current, latest_peak / GiB, within, 100 * cfg.min_gain), capped

@@ -20,7 +20,9 @@ of a given size (bench/memcg.py: v1 here, v2 where mounted), created and removed
 
 Per method: the batch it trained at in the end, as a share of feasible; OOM errors it caught;
 OOM kills; the step (and seconds since the process started, imports included) after which its
-batch stayed within 5 % of the final one. A killed run's share is 0: what it learned died with it.
+batch stayed within 5 % of the final one, and the step after which it stayed at 95 % of feasible or
+more (a run that overshoots and comes back settles late but may have been near what fits long
+before). A killed run's share is 0: what it learned died with it.
 Everything in the results is measured: batches the jobs ran, kills the kernel counted, peaks the
 kernel reported (VmHWM, the cgroup's max usage); nothing is taken from memd's own predictions.
 
@@ -59,6 +61,7 @@ MEMD_METHODS = ("report", "suggest", "helpers", "loader")
 RESTART = "report-restart"
 PEER_METHODS = ("accelerate", "lightning-power", "lightning-binsearch")
 SETTLED = 0.05  # a run has settled once its batch stays within 5 % of its final batch
+REACHED = 0.95  # the issue's bar: a run has reached it once its batch stays at this share of feasible or more
 
 
 @dataclass(frozen=True)
@@ -412,16 +415,26 @@ def summary_line(run: Run, feasible_batch: int) -> str:
         run.seconds[at])
 
 
+def held_from(batches: List[int], floor: float) -> Optional[int]:
+    """Index of the step from which every batch is ``floor`` or more (None if the last is below):
+    where settling counts moves around the final batch, this says from when the job ran near what fits."""
+    at = len(batches)
+    while at > 0 and batches[at - 1] >= floor:
+        at -= 1
+    return at if at < len(batches) else None
+
+
 def table(results: List[Dict]) -> str:
-    lines = ["| row | pool | feasible | method | batch | of feasible | OOM errors | OOM kills | settled at step | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | pool | feasible | method | batch | of feasible | OOM errors | OOM kills | settled at step "
+             "| seconds | at 95 % or more from step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for res in results:
         row, best = res["row"], res["feasible"]["batch"]
         for r in res["runs"]:
             final, at = r["final_batch"], r["settled_step"]
             if final is None:
                 cells = ["killed at %s" % r["last_try"] if r["killed"] else "failed", "0 %", str(r["oom_errors"]),
-                         "1" if r["killed"] else "0", "-", "-"]
+                         "1" if r["killed"] else "0", "-", "-", "-"]
             else:
                 workers = r.get("workers") or []
                 share = "%.1f %%" % (100.0 * final / best)
@@ -429,8 +442,11 @@ def table(results: List[Dict]) -> str:
                 if beside and beside.get("batch"):  # judged beside the workers it chose, too
                     share += " (%.1f %% of the %d that fit beside %d)" % (
                         100.0 * final / beside["batch"], beside["batch"], workers[-1])
+                judged = beside["batch"] if beside and beside.get("batch") else best
+                reached = held_from(r["batches"], REACHED * judged)
                 cells = [str(final) + (" (%d worker%s)" % (workers[-1], "" if workers[-1] == 1 else "s") if workers else ""),
-                         share, str(r["oom_errors"]), "0", str(at + 1), "%.0f" % r["seconds"][at]]
+                         share, str(r["oom_errors"]), "0", str(at + 1), "%.0f" % r["seconds"][at],
+                         "never" if reached is None else "%d (%.0f s)" % (reached + 1, r["seconds"][reached])]
             lines.append("| %s | %.2f GiB | %s | %s | %s |" % (row["name"], row["limit_bytes"] / GiB, _feasible_cell(res),
                                                                r["method"], " | ".join(cells)))
     return "\n".join(lines) + "\n"

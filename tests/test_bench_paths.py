@@ -47,3 +47,13 @@ def test_a_schedule_and_a_switch_together_are_refused(capsys):
         trainjob().main(["--shape", "tiny", "--method", "fixed", "--batch", "4", "--schedule", "2:1",
                          "--switch-from", "3", "--switch-after", "1"])
     assert "give one" in capsys.readouterr().err
+
+
+def test_a_run_is_at_the_bar_from_the_step_after_which_it_never_fell_below():
+    from bench.realjobs import held_from
+
+    # the four-workers report run's path in short: 32 while its workers copy, 127, 138, then cuts to 125
+    batches = [32, 32, 37, 74, 127, 138, 135, 129, 125]
+    assert held_from(batches, 0.95 * 129) == 4
+    assert held_from(batches[:-1] + [120], 0.95 * 129) is None  # ended below the bar: never reached
+    assert held_from([130, 120, 130], 0.95 * 129) == 2  # a dip below starts it over

@@ -14,6 +14,9 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
          that never gets one (a loader restarts its round-robin at worker 0 each epoch) copies
          nothing
   tiny   the gpt layout at a tenth of the cost, for the test suite
+  With --lengths L:P,... (gpt, tiny) each step's sequences are L tokens long, drawn with
+  probability P (--seed): length-bucketed batches, as a sampler grouping by length makes them,
+  so one batch size peaks differently from step to step (bench/varlen.py)
 Methods (where the batch size comes from):
   fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it;
                        --switch-from B --switch-after N: B for the first N steps, then a rebuilt loader;
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 
@@ -164,15 +168,20 @@ class Records(torch.utils.data.Dataset):
 class Shape:
     """A model, its optimizers, and one synthetic sample (or a whole batch of them)."""
 
-    def __init__(self, name: str, workers: int = 2):
+    def __init__(self, name: str, workers: int = 2, lengths=(), seed: int = 0):
         self.name = name
         self.workers = workers
         self.loader = None
+        self.lengths, self.length, self.draw = list(lengths), None, random.Random(seed)
         torch.manual_seed(0)
         if name in ("gpt", "tiny"):
             vocab, seq, d, heads, layers = (4096, 257, 128, 4, 2) if name == "gpt" else (512, 65, 64, 4, 1)
+            if any(length > seq - 1 for length, _ in self.lengths):
+                raise SystemExit("--lengths: at most %d tokens for --shape %s" % (seq - 1, name))
             self.model = GPT(vocab, seq - 1, d, heads, layers)
-            self.sample = lambda n: torch.randint(0, vocab, (n, seq))
+            self.sample = lambda n: torch.randint(0, vocab, (n, (self.length or seq - 1) + 1))
+        elif self.lengths:
+            raise SystemExit("--lengths is for --shape gpt or tiny")
         elif name == "cnn":
             self.model = CNN(8)
             self.sample = lambda n: (torch.randn(n, 3, 64, 64), torch.randint(0, 100, (n,)))
@@ -191,6 +200,13 @@ class Shape:
                                torch.optim.AdamW(self.model.mlp.parameters(), lr=1e-3)]
         else:
             self.optimizers = [torch.optim.AdamW(self.model.parameters(), lr=1e-4)]
+
+    def next_length(self) -> dict:
+        """Draw the next step's sequence length (--lengths), as fields for its events."""
+        if not self.lengths:
+            return {}
+        self.length = self.draw.choices([n for n, _ in self.lengths], [p for _, p in self.lengths])[0]
+        return {"length": self.length}
 
     def step(self, batch_size: int, accum: int = 1) -> float:
         for _ in range(accum):
@@ -237,12 +253,13 @@ def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
     """``batch_for(i)`` -> (batch, accum, plan or None); ``after(i, batch, hwm)`` once a step is done."""
     for i in range(steps):
         batch, accum, plan = batch_for(i)
-        emit(e="try", batch=batch)
+        length = shape.next_length()
+        emit(e="try", batch=batch, **length)
         started = time.monotonic()
         shape.step(batch, accum)
         hwm = vm_hwm()
         emit(e="step", i=i, batch=batch, accum=accum, dt=round(time.monotonic() - started, 3), hwm=hwm,
-             source=getattr(plan, "source", None), reason=getattr(plan, "reason", None))
+             source=getattr(plan, "source", None), reason=getattr(plan, "reason", None), **length)
         if after is not None:
             after(i, batch, hwm)
 
@@ -274,6 +291,18 @@ def method_fixed(shape: Shape, args) -> None:
             s.report(batch_size=batch, peak_bytes=hwm)
             reset_hwm()
         run_steps(shape, args.steps, batch_for, after)
+
+
+def parse_lengths(text: str):
+    """'64:0.5,256:0.5' -> [(64, 0.5), (256, 0.5)]: sequence lengths and their probabilities."""
+    try:
+        lengths = [(int(n), float(p)) for n, p in (part.split(":") for part in text.split(","))]
+    except ValueError:
+        lengths = []
+    if not lengths or any(n < 1 or not p > 0 for n, p in lengths):
+        raise SystemExit("--lengths wants TOKENS:PROBABILITY,... (tokens at least 1, each probability > 0), not %r"
+                         % text)
+    return lengths
 
 
 def parse_schedule(text: str):
@@ -323,7 +352,8 @@ def method_helpers(shape: Shape, args) -> None:
     with client.Session(job=args.job, default_batch=args.default_batch) as s:
         for i in range(args.steps):
             plan = agreed_plan(s)
-            emit(e="try", batch=plan.batch_size)
+            length = shape.next_length()
+            emit(e="try", batch=plan.batch_size, **length)
             started = time.monotonic()
             with guarded_step(s, plan.batch_size) as outcome:
                 shape.step(plan.batch_size, plan.grad_accum_steps)
@@ -331,7 +361,8 @@ def method_helpers(shape: Shape, args) -> None:
                 emit(e="oom", batch=plan.batch_size)
                 continue
             emit(e="step", i=i, batch=plan.batch_size, accum=plan.grad_accum_steps,
-                 dt=round(time.monotonic() - started, 3), hwm=vm_hwm(), source=plan.source, reason=plan.reason)
+                 dt=round(time.monotonic() - started, 3), hwm=vm_hwm(), source=plan.source, reason=plan.reason,
+                 **length)
 
 
 def method_loader(shape: Shape, args) -> None:
@@ -448,18 +479,24 @@ def main(argv=None) -> None:
     parser.add_argument("--job", default=None, help="memd job name (default: bench-SHAPE)")
     parser.add_argument("--steady-heap", action="store_true",
                         help="hold glibc's mmap threshold as memd's client does (memd.client.heap.steady_heap)")
+    parser.add_argument("--lengths", default="", metavar="L:P,...",
+                        help="gpt, tiny: each step's sequence length, L tokens with probability P")
+    parser.add_argument("--seed", type=int, default=0, help="the draw of --lengths")
     args = parser.parse_args(argv)
+    lengths = parse_lengths(args.lengths) if args.lengths else []
     if args.steady_heap:
         from memd.client.heap import steady_heap
         steady_heap()
     args.job = args.job or "bench-%s" % args.shape
+    if lengths and args.method not in ("fixed", "report", "suggest", "helpers"):
+        parser.error("--lengths runs with --method fixed, report, suggest or helpers")
     if args.method == "fixed" and not args.batch:
         parser.error("--method fixed needs --batch")
     if args.schedule:
         if args.switch_from:
             parser.error("--schedule and --switch-from both set a path: give one")
         parse_schedule(args.schedule)  # a typo fails here, before the dataset is built
-    shape = Shape(args.shape, args.workers if args.shape == "workers" else 0)
+    shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())
     if args.method.startswith("lightning-"):
         method_lightning(shape, args, args.method.split("-", 1)[1])

@@ -57,3 +57,24 @@ def test_a_run_is_at_the_bar_from_the_step_after_which_it_never_fell_below():
     assert held_from(batches, 0.95 * 129) == 4
     assert held_from(batches[:-1] + [120], 0.95 * 129) is None  # ended below the bar: never reached
     assert held_from([130, 120, 130], 0.95 * 129) == 2  # a dip below starts it over
+
+
+def test_lengths_draw_each_step_s_sequences_the_same_way_for_a_seed(capsys):
+    runs = [steps_of(capsys, "--steps", "12", "--lengths", "8:0.5,64:0.5", "--seed", "7") for _ in range(2)]
+    lengths = [s["length"] for s in runs[0]]
+    assert set(lengths) == {8, 64} and lengths == [s["length"] for s in runs[1]]
+    assert "length" not in steps_of(capsys, "--steps", "1")[0]  # a job without --lengths says nothing of them
+
+
+@pytest.mark.parametrize("bad", ["8", "8:x", "0:1", "8:0", "65:1"])
+def test_bad_lengths_are_refused_before_the_job_starts(capsys, bad):
+    with pytest.raises(SystemExit, match="--lengths"):
+        trainjob().main(["--shape", "tiny", "--method", "fixed", "--batch", "4", "--lengths", bad])
+    assert '"e": "start"' not in capsys.readouterr().out
+
+
+def test_varlen_path_names_each_batch_with_the_lengths_it_ran():
+    from bench.varlen import path
+
+    assert path([[4, 64, 0], [4, 192, 0], [4, 128, 0], [16, 64, 0], [32, 128, 0], [32, 64, 0]]) == \
+        "4 (64-192), 16 (64), 32 (64-128)"

@@ -16,7 +16,8 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
   tiny   the gpt layout at a tenth of the cost, for the test suite
   With --lengths L:P,... (gpt, tiny) each step's sequences are L tokens long, drawn with
   probability P (--seed): length-bucketed batches, as a sampler grouping by length makes them,
-  so one batch size peaks differently from step to step (bench/varlen.py)
+  so one batch size peaks differently from step to step (bench/varlen.py); with --per-token too,
+  the batch a method gives is a budget of tokens, and each step runs budget // length sequences
 Methods (where the batch size comes from):
   fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it;
                        --switch-from B --switch-after N: B for the first N steps, then a rebuilt loader;
@@ -168,11 +169,12 @@ class Records(torch.utils.data.Dataset):
 class Shape:
     """A model, its optimizers, and one synthetic sample (or a whole batch of them)."""
 
-    def __init__(self, name: str, workers: int = 2, lengths=(), seed: int = 0):
+    def __init__(self, name: str, workers: int = 2, lengths=(), seed: int = 0, per_token: bool = False):
         self.name = name
         self.workers = workers
         self.loader = None
         self.lengths, self.length, self.draw = list(lengths), None, random.Random(seed)
+        self.per_token = per_token
         torch.manual_seed(0)
         if name in ("gpt", "tiny"):
             vocab, seq, d, heads, layers = (4096, 257, 128, 4, 2) if name == "gpt" else (512, 65, 64, 4, 1)
@@ -207,6 +209,11 @@ class Shape:
             return {}
         self.length = self.draw.choices([n for n, _ in self.lengths], [p for _, p in self.lengths])[0]
         return {"length": self.length}
+
+    def samples(self, batch: int) -> int:
+        """The sequences a step of ``batch`` runs: ``batch`` itself, or with --per-token, as many
+        of this step's length as the budget of ``batch`` tokens holds (one at least)."""
+        return max(1, batch // self.length) if self.per_token else batch
 
     def step(self, batch_size: int, accum: int = 1) -> float:
         for _ in range(accum):
@@ -254,9 +261,11 @@ def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
     for i in range(steps):
         batch, accum, plan = batch_for(i)
         length = shape.next_length()
+        if shape.per_token:
+            length["samples"] = shape.samples(batch)
         emit(e="try", batch=batch, **length)
         started = time.monotonic()
-        shape.step(batch, accum)
+        shape.step(shape.samples(batch), accum)
         hwm = vm_hwm()
         emit(e="step", i=i, batch=batch, accum=accum, dt=round(time.monotonic() - started, 3), hwm=hwm,
              source=getattr(plan, "source", None), reason=getattr(plan, "reason", None), **length)
@@ -353,10 +362,12 @@ def method_helpers(shape: Shape, args) -> None:
         for i in range(args.steps):
             plan = agreed_plan(s)
             length = shape.next_length()
+            if shape.per_token:
+                length["samples"] = shape.samples(plan.batch_size)
             emit(e="try", batch=plan.batch_size, **length)
             started = time.monotonic()
             with guarded_step(s, plan.batch_size) as outcome:
-                shape.step(plan.batch_size, plan.grad_accum_steps)
+                shape.step(shape.samples(plan.batch_size), plan.grad_accum_steps)
             if outcome.oom:
                 emit(e="oom", batch=plan.batch_size)
                 continue
@@ -482,12 +493,17 @@ def main(argv=None) -> None:
     parser.add_argument("--lengths", default="", metavar="L:P,...",
                         help="gpt, tiny: each step's sequence length, L tokens with probability P")
     parser.add_argument("--seed", type=int, default=0, help="the draw of --lengths")
+    parser.add_argument("--per-token", action="store_true",
+                        help="with --lengths: a method's batch is a budget of tokens, each step runs budget // length "
+                             "sequences (memd asked for tokens, as a job of varying lengths should)")
     args = parser.parse_args(argv)
     lengths = parse_lengths(args.lengths) if args.lengths else []
     if args.steady_heap:
         from memd.client.heap import steady_heap
         steady_heap()
     args.job = args.job or "bench-%s" % args.shape
+    if args.per_token and not lengths:
+        parser.error("--per-token needs --lengths")
     if lengths and args.method not in ("fixed", "report", "suggest", "helpers"):
         parser.error("--lengths runs with --method fixed, report, suggest or helpers")
     if args.method == "fixed" and not args.batch:
@@ -496,7 +512,7 @@ def main(argv=None) -> None:
         if args.switch_from:
             parser.error("--schedule and --switch-from both set a path: give one")
         parse_schedule(args.schedule)  # a typo fails here, before the dataset is built
-    shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed)
+    shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed, args.per_token)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())
     if args.method.startswith("lightning-"):
         method_lightning(shape, args, args.method.split("-", 1)[1])

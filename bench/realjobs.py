@@ -61,7 +61,7 @@ MEMD_METHODS = ("report", "suggest", "helpers", "loader")
 RESTART = "report-restart"
 PEER_METHODS = ("accelerate", "lightning-power", "lightning-binsearch")
 SETTLED = 0.05  # a run has settled once its batch stays within 5 % of its final batch
-REACHED = 0.95  # the bar: a run has reached it once its batch stays at this share of feasible or more
+REACHED = 0.95  # a run is near what fits once its batch stays at this share of feasible or more
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,8 @@ def test_varlen_path_names_each_batch_with_the_lengths_it_ran():
 
 
 def test_per_token_runs_as_many_sequences_as_the_budget_of_tokens_holds(capsys):
-    steps = steps_of(capsys, "--steps", "8", "--lengths", "8:0.5,64:0.5", "--seed", "7", "--per-token", "--batch", "100")
+    steps = steps_of(capsys, "--steps", "8", "--lengths", "8:0.5,64:0.5", "--seed", "7", "--per-token",
+                     "--batch", "100")
     assert {(s["length"], s["samples"]) for s in steps} == {(8, 12), (64, 1)}
     assert all(s["batch"] == 100 for s in steps)  # the budget, as memd gave it and is told it ran
 

@@ -26,6 +26,11 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
     charged for the old one's. One Session is created lazily per process (the first call's
     keyword arguments configure it); ``memd.client.session()`` returns it, to report an
     out-of-memory error with ``report_oom``.
+
+    The batch is in whatever unit the step's memory follows: a job whose sequences vary in
+    length from step to step asks for tokens (``default`` in tokens, say four of its longest
+    sequences) and runs ``max(1, tokens // length)`` sequences of each step's length. Asked for
+    sequences, memd grows on short steps, and a longer one can then run out of memory.
     """
     default = _usable_default(default)
     try:

@@ -1,4 +1,4 @@
-"""A job whose step memory depends on its input: where memd's plan in samples falls short.
+"""A job whose step memory depends on its input: memd asked for sequences, then for tokens.
 
     sudo .venv/bin/python bench/varlen.py [--seeds 1,2,3] [--methods suggest,report,helpers] [--steps 120]
                                           [--per-token] [--fixed 79]
@@ -6,9 +6,10 @@
 The GPT-style job of bench/realjobs.py's gpt rows (bench/trainjob.py --shape gpt) in a real 1.5 GiB
 memory cgroup, but each step's sequences are drawn 64, 128, 192 or 256 tokens long (probabilities
 0.5, 0.3, 0.15, 0.05: length-bucketed batches, as a sampler grouping by length makes them), one
-fresh process, cgroup and `memd serve` per run. memd plans a batch size in samples and learns
-what a step at it costs; here a step's cost at one batch size varies up to fourfold with a length
-it is not told, and a longer step than any seen at the batch can come at any time.
+fresh process, cgroup and `memd serve` per run. memd learns what a step at each batch size costs;
+asked for sequences, a step's cost at one batch size varies with a length it is not told (at
+batch 92, twice as much at 192 tokens as at 64), and a longer step than any seen at the batch can
+come at any time.
 
 With --per-token, each method runs again asking memd for tokens instead of sequences: the batch
 memd gives is a budget of tokens (its default 1024, four sequences of the longest) and each step

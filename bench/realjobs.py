@@ -113,6 +113,8 @@ class Run:
     hwm: List[int] = field(default_factory=list)  # the process's VmHWM after each step
     trials: List[int] = field(default_factory=list)  # a finder's trial batches, in order
     last_try: Optional[int] = None  # the batch of the last step begun (where a killed run died)
+    lengths: List[int] = field(default_factory=list)  # per step, its sequences' tokens (trainjob --lengths)
+    last_length: Optional[int] = None  # the tokens of the last step begun, with --lengths
     workers: List[int] = field(default_factory=list)  # per step, when the method chose them (loader)
     reasons: List[str] = field(default_factory=list)
     oom_errors: int = 0
@@ -176,11 +178,13 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
                 if "workers" in event:
                     run.workers.append(event["workers"])
                 run.batches.append(event["batch"])
+                if "length" in event:
+                    run.lengths.append(event["length"])
                 run.seconds.append(event["t"])
                 run.hwm.append(event["hwm"])
                 run.reasons.append(event.get("reason") or "")
             elif event.get("e") == "try":
-                run.last_try = event["batch"]
+                run.last_try, run.last_length = event["batch"], event.get("length")
             elif event.get("e") == "trial":
                 if not run.trials or run.trials[-1] != event["batch"]:
                     run.trials.append(event["batch"])

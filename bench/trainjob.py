@@ -203,12 +203,13 @@ class Shape:
         else:
             self.optimizers = [torch.optim.AdamW(self.model.parameters(), lr=1e-4)]
 
-    def next_length(self) -> dict:
-        """Draw the next step's sequence length (--lengths), as fields for its events."""
+    def next_length(self, batch: int) -> dict:
+        """Draw the next step's sequence length (--lengths), as fields for its events: the length,
+        and with --per-token the sequences a step of ``batch`` runs."""
         if not self.lengths:
             return {}
         self.length = self.draw.choices([n for n, _ in self.lengths], [p for _, p in self.lengths])[0]
-        return {"length": self.length}
+        return {"length": self.length, "samples": self.samples(batch)} if self.per_token else {"length": self.length}
 
     def samples(self, batch: int) -> int:
         """The sequences a step of ``batch`` runs: ``batch`` itself, or with --per-token, as many
@@ -260,9 +261,7 @@ def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
     """``batch_for(i)`` -> (batch, accum, plan or None); ``after(i, batch, hwm)`` once a step is done."""
     for i in range(steps):
         batch, accum, plan = batch_for(i)
-        length = shape.next_length()
-        if shape.per_token:
-            length["samples"] = shape.samples(batch)
+        length = shape.next_length(batch)
         emit(e="try", batch=batch, **length)
         started = time.monotonic()
         shape.step(shape.samples(batch), accum)
@@ -361,9 +360,7 @@ def method_helpers(shape: Shape, args) -> None:
     with client.Session(job=args.job, default_batch=args.default_batch) as s:
         for i in range(args.steps):
             plan = agreed_plan(s)
-            length = shape.next_length()
-            if shape.per_token:
-                length["samples"] = shape.samples(plan.batch_size)
+            length = shape.next_length(plan.batch_size)
             emit(e="try", batch=plan.batch_size, **length)
             started = time.monotonic()
             with guarded_step(s, plan.batch_size) as outcome:

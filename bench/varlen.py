@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]
 
-from bench.memcg import MemoryCgroup, available  # noqa: E402
-from bench.realjobs import JOB, MemdDaemon, machine_meta  # noqa: E402
+from bench.memcg import available  # noqa: E402
+from bench.realjobs import MemdDaemon, Row, machine_meta, run_job  # noqa: E402
 
 GiB = 2 ** 30
 LIMIT = 3 * GiB // 2
@@ -45,34 +43,20 @@ LONGEST = 256
 
 
 def run(method: str, seed: int, steps: int, lengths: str = LENGTHS, batch: int = 0, per_token: bool = False) -> Dict:
-    """One job in a fresh cgroup beside a fresh daemon (none for a fixed batch)."""
+    """One job in a fresh cgroup (bench/realjobs.run_job) beside a fresh daemon (none for a fixed batch)."""
+    row = Row("varlen-1.5g", "gpt", LIMIT, 4 * LONGEST if per_token else 4)
+    extra = ["--method", method, "--lengths", lengths, "--seed", str(seed)]
+    extra += (["--batch", str(batch), "--steady-heap"] if batch else []) + (["--per-token"] if per_token else [])
     daemon = MemdDaemon() if method != "fixed" else None
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if daemon:
-        env["MEMD_ENDPOINT"] = daemon.endpoint
-    cmd = [sys.executable, JOB, "--shape", "gpt", "--method", method, "--steps", str(steps),
-           "--default-batch", str(4 * LONGEST if per_token else 4), "--lengths", lengths, "--seed", str(seed)]
-    cmd += (["--batch", str(batch), "--steady-heap"] if batch else []) + (["--per-token"] if per_token else [])
     try:
-        with MemoryCgroup(LIMIT) as cg, tempfile.TemporaryFile("w+") as out:
-            started = time.monotonic()
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=cg.join,
-                                    start_new_session=True)
-            try:
-                code = proc.wait(1800)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            out.seek(0)
-            events = [json.loads(line) for line in out if line.startswith("{")]
-            return {"method": method, "seed": seed, "batch": batch or None, "per_token": per_token, "exit_code": code,
-                    "killed": cg.oom_kills() > 0, "cgroup_peak_bytes": cg.peak_bytes(),
-                    "seconds": round(time.monotonic() - started, 1),
-                    "steps": [[e["batch"], e["length"], e["hwm"]] for e in events if e["e"] == "step"],
-                    "last_try": next(([e["batch"], e["length"]] for e in reversed(events) if e["e"] == "try"), None)}
+        job = run_job(row, method, steps, daemon.endpoint if daemon else None, extra)
     finally:
         if daemon:
             daemon.stop()
+    return {"method": method, "seed": seed, "batch": batch or None, "per_token": per_token,
+            "exit_code": job.exit_code, "killed": job.killed, "cgroup_peak_bytes": job.cgroup_peak_bytes,
+            "seconds": job.wall_seconds, "steps": [list(step) for step in zip(job.batches, job.lengths, job.hwm)],
+            "last_try": None if job.last_try is None else [job.last_try, job.last_length]}
 
 
 def path(steps: List[List[int]]) -> str:

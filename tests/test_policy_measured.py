@@ -1597,3 +1597,41 @@ def test_a_group_thrashes_when_full_it_reads_back_its_pages_and_waits_on_them():
     assert not told(((1112.5, 1711, 11, 1978), (1122.2, 1711, 11, 2042)))
     assert not told(((418.2, 28922, 138, 2043), (422.0, 118329, None, 1952)))  # faults unknown: no word
     assert not told(((418.2, 200000, 900, 2043), (422.0, 118329, 419, 1952)))  # counters went back: a new group
+
+
+def test_a_loader_that_follows_the_plan_costs_each_worker_a_batch_queued_and_one_being_built():
+    """MemdLoader on the four-workers row at 0858cf7 (4 workers asked for, 2 kept, prefetch 1,
+    batch 680 of 21 MiB): its workers levelled at 313 MiB, and memd costed each at one batch in
+    flight, 0.33 GiB. Their batches on the way (shared memory no process mapped) held 43-66 MiB
+    (2-3 batches) most of the time, and a worker building one stood 23-39 MiB above its level;
+    with 1-4 MiB of the budget to spare, the kernel killed the job at step 428. At batch 941
+    beside one worker, that worker's part read at most 24 MiB queued and 29 over its level.
+    Costed at a batch queued and one being built, two workers leave this batch less than half
+    of what the group allows with none, and the loader keeps one."""
+    from memd.policy.budget import Pool
+
+    sample = 21 * MiB / 680
+    reports = [Observation(32, 730 * MiB, warmup=True), Observation(32, 734 * MiB),
+               Observation(644, 1384 * MiB, settling=True), Observation(644, 1384 * MiB),
+               Observation(736, 1476 * MiB, settling=True), Observation(736, 1476 * MiB)]
+    reports += [Observation(b, (1420 + i % 6) * MiB) for i in range(40) for b in (678, 679, 680)]
+    curve = fit(reports, kills=True)
+
+    def plan(uss, follows=True):  # t = 292.5 s: the group used 1390 MiB, the trainer held 812
+        facts = WorkerFacts(cpus=2, uss=tuple(u * MiB for u in uss), cost=313 * MiB, running=len(uss),
+                            newest=len(uss), batch_bytes=int(680 * sample), batch_size=680, queued=43 * MiB,
+                            queued_high=66 * MiB, level=313 * MiB, levelled=True, follows=follows)
+        pool = Pool("host", "cpu", 2 * GiB, (2048 - 1390 + 313 * (2 - len(uss))) * MiB, 812 * MiB, 39 * MiB)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=680), "ok", CFG,
+                      workers=facts, latest_batch=680, latest_peak=1426 * MiB)
+
+    killed = plan((313, 313))
+    assert killed.plan.num_workers == 1 and killed.plan.batch_size <= 680, killed.plan.reason
+    assert "1 of the 4 workers asked for, at 0.35 GiB each, beside the batch; prefetch 1" in killed.plan.reason
+    # A loop's own loader at prefetch 2 ran at the largest batch that fits costed at its two: unchanged.
+    assert "at 0.33 GiB each" in plan((313, 313), follows=False).plan.reason
+    one = plan((313,))  # the loader let the other go: the batch grows beside the one kept
+    b = one.plan.batch_size
+    assert b > 680 and one.plan.num_workers == 1, one.plan.reason
+    room = (2048 - 1390 + 313 + 812 + 313 + 43 - 39) * MiB  # free, the trainer's, the workers' and the queue's
+    assert one.budget_bytes + 313 * MiB + (24 + 29) * MiB * b / 941 <= room, (one.budget_bytes / MiB, b)

@@ -532,6 +532,16 @@ def _per_sample(limits: Limits, facts: WorkerFacts) -> float:
     return facts.queued_per_sample / (max(1, _running(facts)) * asked)
 
 
+def _in_flight(prefetch: int, facts: WorkerFacts) -> int:
+    """The batches each worker has on their way to the trainer: its prefetch_factor, and in a
+    loader that follows the plan one more it builds. The benchmark's MemdLoader beside 2 workers at
+    prefetch 1 and batch 680 (21 MiB) had 2-3 batches queued most of the time (43-66 MiB, no
+    fewer than 1.5 a worker), and a worker's heap 23-39 MiB above its level as it built one;
+    costed at 1 each, the batch had 1-4 MiB to spare and the kernel killed it. A loop's own
+    loader at prefetch 2, costed at its 2, ran at the largest batch that fits (queued 3-4)."""
+    return prefetch + 1 if facts.follows else prefetch
+
+
 def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int,
                     dip: int = 0, batch: Optional[int] = None) -> Tuple[int, Optional[int], Optional[int]]:
     """(the batch's budget, the workers kept beside it, None before a worker is measured; the
@@ -566,9 +576,10 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     def left(kept: int, each: int, b: int) -> int:
         # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them, in a
         # loader that follows the plan (a loop's own keeps its own: the benchmark's four, costed at
-        # one batch each beside the two memd would keep, queued eight). At a batch larger than the
-        # one its level was read at, a worker holds more samples as it builds one.
-        prefetch = asked if kept == wanted or not facts.follows else 1
+        # one batch each beside the two memd would keep, queued eight), which also has one being
+        # built (_in_flight). At a batch larger than the one its level was read at, a worker holds
+        # more samples as it builds one.
+        prefetch = _in_flight(asked if kept == wanted or not facts.follows else 1, facts)
         if not sample:
             in_flight = prefetch * facts.batch_bytes if facts.batch_bytes else share * prefetch // asked
             return room - kept * (each + in_flight)
@@ -624,7 +635,7 @@ def _workers(limits: Limits, facts: WorkerFacts, pool: Optional[Pool], level: st
             # workers asked for" beside the 4 its loop ran (2 was one per CPU).
             asked = "asked for" if limits.num_workers is not None else "for its CPUs"
             note = "%d of the %d workers %s, at %.2f GiB each, beside the batch; prefetch 1" % (
-                kept, wanted, asked, (per_worker + (facts.batch_bytes or 0)) / GiB)
+                kept, wanted, asked, (per_worker + _in_flight(1, facts) * (facts.batch_bytes or 0)) / GiB)
             wanted, prefetch = kept, 1
     elif per_worker:
         # Workers in host RAM beside a GPU's batch (or before the job's curve is known): the RAM

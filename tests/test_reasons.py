@@ -93,3 +93,15 @@ def test_the_batch_held_after_an_oom_is_the_batch_named():
     assert plan.batch_size == 32 and plan.effective_batch_size == 64, plan
     assert not plan.reason.startswith("holding 48"), plan.reason
     check(plan)
+
+
+def test_one_worker_still_copying_is_spoken_of_as_one():
+    """MemdLoader kept one worker and was told "its worker is still copying their dataset, and
+    until they level off each may come to 0.34 GiB"."""
+    from memd.policy.controller import _still_copying
+
+    one = _still_copying(948, WorkerFacts(uss=(300 * 2 ** 20,), cost=int(0.34 * GiB), running=1, newest=1))
+    assert one == "holding 948: its worker is still copying its dataset, and until it levels off it may come to " \
+        "0.34 GiB", one
+    two = _still_copying(32, WorkerFacts(uss=(300 * 2 ** 20,) * 2, cost=int(0.34 * GiB), running=2, newest=2))
+    assert two.startswith("holding 32: its 2 workers are still copying their dataset, and until they level off each")

@@ -344,8 +344,11 @@ def _growth_beside_workers(limit: int, reason: str, current: int, workers: Worke
 
 def _still_copying(batch: int, workers: WorkerFacts) -> str:
     n = max(_running(workers), workers.newest or 0)
-    return "holding %d: %s still copying their dataset, and until they level off each may come to %.2f GiB" % (
-        batch, "its worker is" if n == 1 else "its %d workers are" % n, (_per_worker(workers) or 0) / GiB)
+    if n == 1:  # one worker: "its worker is still copying their dataset ... until they level off each" misread
+        return "holding %d: its worker is still copying its dataset, and until it levels off it may come to " \
+            "%.2f GiB" % (batch, (_per_worker(workers) or 0) / GiB)
+    return "holding %d: its %d workers are still copying their dataset, and until they level off each may come " \
+        "to %.2f GiB" % (batch, n, (_per_worker(workers) or 0) / GiB)
 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,

@@ -20,7 +20,9 @@ Each batch after the first tells the session the step before it ran (the daemon 
 cost), with the batch's bytes, as ``suggest_batch`` does; pass ``report=False`` when the loop
 reports its steps itself, and call ``report_oom()`` when a step on the latest batch ran out of
 memory. Under torch.distributed every rank follows the same plan (``agreed_plan``): iterate the
-loader on every rank in step.
+loader on every rank in step. As it starts workers it freezes the objects Python's cycle
+collector tracks (``gc.freeze``), so that no collection copies the pages the workers share with
+the trainer; those objects are then freed by reference counting alone.
 torch is imported when a MemdLoader is built, never by ``import memd.client``.
 """
 from __future__ import annotations

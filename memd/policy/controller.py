@@ -582,15 +582,15 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         # one batch each beside the two memd would keep, queued eight), which also has one being
         # built (_in_flight). At a batch larger than the one its level was read at, a worker holds
         # more samples as it builds one.
-        prefetch = _in_flight(asked if kept == wanted or not facts.follows else 1, facts)
+        batches = _in_flight(asked if kept == wanted or not facts.follows else 1, facts)
         if not sample:
-            in_flight = prefetch * facts.batch_bytes if facts.batch_bytes else share * prefetch // asked
+            in_flight = batches * facts.batch_bytes if facts.batch_bytes else share * batches // asked
             return room - kept * (each + in_flight)
         # What a worker holds was read at the batch the job runs: past it, it holds more samples
         # as it builds a batch. (Counted from the batch its level was read at, four workers that
         # reached 320 MiB at 119 were costed 323 there, and the plan went 119 -> 102.)
         grown = sample * max(0, b - (batch or b))
-        return int(room - kept * (each + grown + prefetch * sample * b))
+        return int(room - kept * (each + grown + batches * sample * b))
 
     def beside_them(kept: int, each: int, less: int = 0) -> int:
         """The batch's budget beside ``kept`` workers of ``each``: their share at the largest

@@ -1599,15 +1599,15 @@ def test_a_group_thrashes_when_full_it_reads_back_its_pages_and_waits_on_them():
     assert not told(((418.2, 200000, 900, 2043), (422.0, 118329, 419, 1952)))  # counters went back: a new group
 
 
-def test_a_loader_that_follows_the_plan_costs_each_worker_a_batch_queued_and_one_being_built():
+def test_a_loader_that_follows_the_plan_costs_each_worker_two_batches_queued_and_one_being_built():
     """MemdLoader on the four-workers row at 0858cf7 (4 workers asked for, 2 kept, prefetch 1,
     batch 680 of 21 MiB): its workers levelled at 313 MiB, and memd costed each at one batch in
     flight, 0.33 GiB. Their batches on the way (shared memory no process mapped) held 43-66 MiB
     (2-3 batches) most of the time, and a worker building one stood 23-39 MiB above its level;
     with 1-4 MiB of the budget to spare, the kernel killed the job at step 428. At batch 941
     beside one worker, that worker's part read at most 24 MiB queued and 29 over its level.
-    Costed at a batch queued and one being built, the batch beside the two goes below the 648 the
-    same job runs beside two workers of its own loop (the two-workers row); beside one, the
+    Costed at two batches queued and one being built, two workers would leave this batch less
+    than half of what the group allows with none, and the loader keeps one; beside it, the
     batch's budget leaves that one what it was read to hold."""
     from memd.policy.budget import Pool
 
@@ -1626,9 +1626,9 @@ def test_a_loader_that_follows_the_plan_costs_each_worker_a_batch_queued_and_one
         return decide(curve, pool, Limits(num_workers=4), ControlState(batch=680), "ok", CFG,
                       workers=facts, latest_batch=680, latest_peak=1426 * MiB)
 
-    killed = plan((313, 313))  # the two it runs stay (a count it runs stays within min_gain of the bar)
-    assert killed.plan.num_workers == 2 and killed.plan.batch_size < 648, killed.plan.reason  # two-workers row: 648
-    assert "2 of the 4 workers asked for, at 0.35 GiB each, beside the batch; prefetch 1" in killed.plan.reason
+    killed = plan((313, 313))
+    assert killed.plan.num_workers == 1 and killed.plan.batch_size <= 680, killed.plan.reason
+    assert "1 of the 4 workers asked for, at 0.37 GiB each, beside the batch; prefetch 1" in killed.plan.reason
     # A loop's own loader at prefetch 2 ran at the largest batch that fits costed at its two: unchanged.
     assert "at 0.33 GiB each" in plan((313, 313), follows=False).plan.reason
     one = plan((313,))  # the loader let the other go: the batch grows beside the one kept
@@ -1641,9 +1641,9 @@ def test_a_loader_that_follows_the_plan_costs_each_worker_a_batch_queued_and_one
 def test_a_loader_that_follows_the_plan_keeps_its_workers_while_they_leave_the_batch_near_half():
     """MemdLoader at ea20371 ran 983 beside one worker (the group's 2 GiB, its trainer at 1233 MiB
     resident, the worker at 318). Beside two, its batch came within a few samples of half what
-    the group allows with none, and a read with 20-30 MiB more room (free and held) took it
-    983 -> 680 beside 2 -> 956 beside 1 twice in 440 s, each move a rebuild whose fresh workers
-    copied the dataset again. The count the loader runs stays while it leaves the batch within
+    the group allows with none, and reads with more room (free and held) took it 983 -> 680
+    beside 2 -> 956 beside 1 twice in 440 s, each move a rebuild whose fresh workers copied the
+    dataset again. The count the loader runs stays while it leaves the batch within
     min_gain of half; another must clear half by as much."""
     from memd.policy.budget import Pool
 
@@ -1662,9 +1662,27 @@ def test_a_loader_that_follows_the_plan_keeps_its_workers_while_they_leave_the_b
         return decide(curve, pool, Limits(num_workers=4), ControlState(batch=983), "ok", CFG,
                       workers=facts, latest_batch=983, latest_peak=1736 * MiB).plan
 
-    for used in (1392, 1410, 1434):  # the roomier reads, and one as the run's usual
+    for used in (1280, 1320, 1400):  # reads with more room, where two would be within half; one as usual
         kept = plan(used)
         assert kept.num_workers == 1 and kept.batch_size >= 983, (used, kept.reason)
-    assert plan(1392).batch_size > 983  # the room there is the batch's: 1015
-    # A loop's own loader decides as before: at the roomiest read, 2 workers are advised.
-    assert plan(1392, follows=False).num_workers == 2
+    assert plan(1280).batch_size > 983  # the room there is the batch's
+    # A loop's own loader decides as before: at the roomier reads, 2 workers are advised.
+    assert plan(1280, follows=False).num_workers == 2
+
+
+def test_a_following_loaders_queue_is_its_workers_whatever_batch_filled_it():
+    """MemdLoader at 37cfaed beside one worker at prefetch 1: its queue held two batches, 58.2
+    MiB at 933 and 59.8 at 982. Counted against two slots of the latest batch's size, the fuller
+    read passed them at 933 (57.6 MiB) and was taken for something else's shared memory, in use
+    for good: the budget went 1745 -> 1689 MiB and back from read to read, the plan 982 <-> 929-958
+    with it, until 982 was killed. The queue is the workers' at either read."""
+    from memd.policy.controller import _queue
+
+    sample = 21 * MiB / 680
+    at_933 = WorkerFacts(cpus=2, uss=(316 * MiB,), running=1, batch_bytes=int(933 * sample), batch_size=933,
+                         queued=int(59.8 * MiB), follows=True)
+    for high in (58.2, 59.8):
+        assert _queue(Limits(num_workers=4), replace(at_933, queued_high=int(high * MiB))) == (
+            int(59.8 * MiB), int(high * MiB))
+    # A loop's loader at its 2 slots: more than they hold is something else's, as before.
+    assert _queue(Limits(num_workers=4), replace(at_933, follows=False, queued_high=int(59.8 * MiB))) == (0, 0)

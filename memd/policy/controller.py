@@ -517,7 +517,10 @@ def _queue(limits: Limits, facts: WorkerFacts) -> Tuple[int, int]:
     costs its share of it at its fullest, or its prefetch slots when a batch's size is known.
     More than those slots hold is something else's (a dataset copied to /dev/shm): in use."""
     running = max(1, _running(facts))
-    slots = running * (limits.prefetch_factor or 2) * (facts.batch_bytes or 0)
+    # A following loader's queue is as many (at its latest batch's size, while its fullest may
+    # be a larger batch's): counted at its 2 slots, one worker's 2 batches of 28.8-30.3 MiB read
+    # 58.2-59.8 and went in and out of use from read to read, the plan 982 <-> 929-958 with them.
+    slots = running * _in_flight(limits.prefetch_factor or 2, facts) * (facts.batch_bytes or 0)
     if facts.batch_bytes and facts.queued_high > slots:
         return 0, 0
     return facts.queued, facts.queued_high // running
@@ -537,13 +540,15 @@ def _per_sample(limits: Limits, facts: WorkerFacts) -> float:
 
 
 def _in_flight(prefetch: int, facts: WorkerFacts) -> int:
-    """The batches each worker has on their way to the trainer: its prefetch_factor, and in a
-    loader that follows the plan one more it builds. The benchmark's MemdLoader beside 2 workers at
-    prefetch 1 and batch 680 (21 MiB) had 2-3 batches queued most of the time (43-66 MiB, no
-    fewer than 1.5 a worker), and a worker's heap 23-39 MiB above its level as it built one;
-    costed at 1 each, the batch had 1-4 MiB to spare and the kernel killed it. A loop's own
-    loader at prefetch 2, costed at its 2, ran at the largest batch that fits (queued 3-4)."""
-    return prefetch + 1 if facts.follows else prefetch
+    """The batches each worker has on their way to the trainer: its prefetch_factor; in a loader
+    that follows the plan, one more queued and one it builds. The benchmark's MemdLoader at
+    prefetch 1 and batch 680 (21 MiB) had 2-3 batches queued beside 2 workers (43-66 MiB) and a
+    worker's heap 23-39 MiB above its level as it built one, up to 5.1 batches in all; costed at
+    1 each, the batch had 1-4 MiB to spare and the kernel killed it. Beside 1 worker at 929-982
+    (29-30 MiB) the queue held up to 2.1 batches and the building worker 1.1 more (3.2 in all);
+    costed at 2, it was killed at 982 within 40 steps. A loop's own loader at prefetch 2, costed
+    at its 2, ran at the largest batch that fits (queued 3-4)."""
+    return prefetch + 2 if facts.follows else prefetch
 
 
 def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int, dip: int = 0,

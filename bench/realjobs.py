@@ -195,6 +195,7 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
 
 
 PROBE_REPEATS = 1  # runs a batch must complete to fit (--probe-repeats)
+RUN_TIMEOUT = 1800.0  # seconds a method's run may take (--timeout)
 
 
 def fits(row: Row, batch: int, steps: int, log, steady: bool = False):
@@ -360,7 +361,7 @@ def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon
             if batch is None:
                 continue
             extra += ["--batch", str(batch)]
-        run = run_job(row, method, max(steps, row.min_steps), daemon.endpoint, extra,
+        run = run_job(row, method, max(steps, row.min_steps), daemon.endpoint, extra, timeout=RUN_TIMEOUT,
                       reads=os.path.join(reads, "%s-%s.jsonl" % (row.name, method)) if reads else None)
         runs.append(run)
         log("  %-20s %s" % (method, summary_line(run, found["batch"])))
@@ -511,6 +512,8 @@ def main(argv=None) -> int:
                         help="steps per probing run (a peak is a draw: a short probe passes batches a long run dies at)")
     parser.add_argument("--probe-repeats", type=int, default=1,
                         help="runs a probed batch must complete to count as fitting (the first kill decides)")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds a method's run may take (the loader's steps beside one worker take ~3 s)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "real"))
     parser.add_argument("--update", action="store_true",
                         help="replace these rows' runs of these methods in DIR/results.json, keeping the rest "
@@ -524,8 +527,8 @@ def main(argv=None) -> int:
     parser.add_argument("--log-reads", action="store_true",
                         help="write what each method's job holds, read every half second, to DIR/reads/ROW-METHOD.jsonl")
     args = parser.parse_args(argv)
-    global PROBE_REPEATS
-    PROBE_REPEATS = max(1, args.probe_repeats)
+    global PROBE_REPEATS, RUN_TIMEOUT
+    PROBE_REPEATS, RUN_TIMEOUT = max(1, args.probe_repeats), args.timeout
     path = os.path.join(args.out, "results.json")
     if args.replot:
         with open(path) as f:

@@ -517,9 +517,10 @@ def _queue(limits: Limits, facts: WorkerFacts) -> Tuple[int, int]:
     costs its share of it at its fullest, or its prefetch slots when a batch's size is known.
     More than those slots hold is something else's (a dataset copied to /dev/shm): in use."""
     running = max(1, _running(facts))
-    # A following loader's queue is as many (at its latest batch's size, while its fullest may
-    # be a larger batch's): counted at its 2 slots, one worker's 2 batches of 28.8-30.3 MiB read
-    # 58.2-59.8 and went in and out of use from read to read, the plan 982 <-> 929-958 with them.
+    # A following loader's workers carry more than their prefetch (_in_flight), at its latest
+    # batch's size while the fullest read may hold a larger batch's: against 2 slots, one worker's
+    # 2 batches of 28.8-30.3 MiB (58.2-59.8 read) went in and out of use from read to read, and
+    # the plan 982 <-> 929-958 with them.
     slots = running * _in_flight(limits.prefetch_factor or 2, facts) * (facts.batch_bytes or 0)
     if facts.batch_bytes and facts.queued_high > slots:
         return 0, 0
@@ -590,9 +591,9 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     def left(kept: int, each: int, b: int) -> int:
         # Each keeps prefetch_factor batches in flight (seed 004); one when memory cuts them, in a
         # loader that follows the plan (a loop's own keeps its own: the benchmark's four, costed at
-        # one batch each beside the two memd would keep, queued eight), which also has one being
-        # built (_in_flight). At a batch larger than the one its level was read at, a worker holds
-        # more samples as it builds one.
+        # one batch each beside the two memd would keep, queued eight), which carries two more:
+        # one queued, one being built (_in_flight). At a batch larger than the one its level was
+        # read at, a worker holds more samples as it builds one.
         batches = _in_flight(asked if kept == wanted or not facts.follows else 1, facts)
         if not sample:
             in_flight = batches * facts.batch_bytes if facts.batch_bytes else share * batches // asked

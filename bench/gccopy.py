@@ -26,11 +26,10 @@ sys.path[:0] = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "client")]
 import torch
 import trainjob
 from memd.client.heap import steady_heap
+from reads import status
 
-def own(pid):
-    with open("/proc/%d/smaps_rollup" % pid) as f:
-        fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.endswith("kB\n")}
-    return (fields["Private_Clean"] + fields["Private_Dirty"]) / 1024
+def own(pid):  # MiB it alone maps (USS), as bench/reads.py reads it
+    return status(pid)["private"]
 
 steady_heap()
 shape = trainjob.Shape("workers", workers=1)
@@ -70,7 +69,7 @@ def main(argv=None) -> int:
     for i in range(args.rounds):
         for frozen in ((False, True) if i % 2 == 0 else (True, False)):
             r = arm(frozen)
-            print("| %d | %s | %.1f -> %.1f | %.1f -> %.1f | %.2f |" % (
+            print("| %d | %s | %d -> %d | %d -> %d | %.2f |" % (
                 i + 1, "frozen" if frozen else "as they are", r["worker_before"], r["worker_after"],
                 r["trainer_before"], r["trainer_after"], r["seconds"]))
     return 0

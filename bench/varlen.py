@@ -59,20 +59,25 @@ def run(method: str, seed: int, steps: int, lengths: str = LENGTHS, batch: int =
             "last_try": None if job.last_try is None else [job.last_try, job.last_length]}
 
 
+def stays(steps: List[List[int]]) -> List[List]:
+    """The batch sizes in turn, each with the set of lengths the job ran at it."""
+    out: List[List] = []
+    for batch, length, _ in steps:
+        if not out or out[-1][0] != batch:
+            out.append([batch, set()])
+        out[-1][1].add(length)
+    return out
+
+
 def path(steps: List[List[int]]) -> str:
     """The batch sizes in turn, each with the lengths the job ran at it: '4 (64-192), 17 (64)'."""
-    stays: List[List] = []
-    for batch, length, _ in steps:
-        if not stays or stays[-1][0] != batch:
-            stays.append([batch, set()])
-        stays[-1][1].add(length)
     return ", ".join("%d (%s)" % (b, "-".join(str(n) for n in sorted(ls)) if len(ls) < 3 else
-                                 "%d-%d" % (min(ls), max(ls))) for b, ls in stays)
+                                 "%d-%d" % (min(ls), max(ls))) for b, ls in stays(steps))
 
 
 def budgets(steps: List[List[int]]) -> str:
     """The token budgets in turn: '1024, 2048, 4096'."""
-    return ", ".join(str(b) for k, (b, _, _) in enumerate(steps) if k == 0 or steps[k - 1][0] != b)
+    return ", ".join(str(b) for b, _ in stays(steps))
 
 
 def table(runs: List[Dict], fits: int = 0) -> str:

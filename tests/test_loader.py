@@ -80,11 +80,10 @@ import gc, json, sys, time
 import torch
 from test_loader import Numbers, ScriptedSession
 from memd.client.training import MemdLoader
+from memd.sampling.procs import read_process
 
 def own_mib(pid):  # what the process alone maps (USS)
-    with open("/proc/%d/smaps_rollup" % pid) as f:
-        fields = {line.split(":")[0]: int(line.split()[1]) for line in f if line.endswith("kB\n")}
-    return (fields["Private_Clean"] + fields["Private_Dirty"]) / 1024
+    return read_process(pid).uss_bytes / 2 ** 20
 
 def collection_copies(worker):
     time.sleep(0.2)

@@ -145,7 +145,8 @@ class MemdLoader:
         import torch.utils.data as data
 
         size, workers, prefetch = config
-        if self._loader is None or config != self._config:
+        built = self._loader is None or config != self._config
+        if built:
             self._chunks = _Chunks(remaining, size, self.drop_last)
             kwargs = dict(self.loader_kwargs)
             if workers:
@@ -156,8 +157,8 @@ class MemdLoader:
         else:
             self._chunks.indices = remaining  # a new epoch through the same workers
         self._chunks.sizes.clear()
-        if workers:
-            _spare_from_collection()  # the workers are forked as the DataLoader's iterator starts, just below
+        if workers and (built or not self.persistent_workers):
+            _spare_from_collection()  # workers are forked as the DataLoader's iterator starts, just below
         return ((self._chunks.sizes.popleft(), batch) for batch in self._loader)
 
     def _delivered(self, batch: Any, samples: int) -> None:

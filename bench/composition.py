@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -156,6 +157,10 @@ def main() -> None:
     parser.add_argument("--switch-from", type=int, help="run the first --switch-after steps at this batch")
     parser.add_argument("--switch-after", type=int, default=0)
     parser.add_argument("--schedule", help="BATCH:STEPS,... run in turn before --batch (an adaptive method's path)")
+    parser.add_argument("--workers", type=int, help="DataLoader workers (the row's unless given)")
+    parser.add_argument("--prefetch", type=int, help="each worker's prefetch_factor (torch's 2 unless given)")
+    parser.add_argument("--freeze", action="store_true", help="freeze the collected objects before forking workers, "
+                                                               "as MemdLoader does")
     parser.add_argument("--with-session", action="store_true", help="the job talks to memd (MEMD_ENDPOINT) too")
     parser.add_argument("--summarize", nargs="+", metavar="FILE", help="summarize runs logged before")
     parser.add_argument("--record", metavar="ROW", help="with FILE...: each run's verdict, and ROW's long feasible "
@@ -173,8 +178,14 @@ def main() -> None:
     if args.batch is None or args.out is None:
         parser.error("--batch and --out are needed to run a job")
     row = realjobs.ROWS[args.row]
+    if args.workers is not None:
+        row = replace(row, workers=args.workers)
     cmd = [sys.executable, realjobs.JOB, "--shape", row.shape, "--workers", str(row.workers), "--method", "fixed",
            "--batch", str(args.batch), "--steps", str(args.steps), "--steady-heap"]
+    if args.prefetch:
+        cmd += ["--prefetch", str(args.prefetch)]
+    if args.freeze:
+        cmd += ["--freeze"]
     if args.with_session:
         cmd += ["--with-session"]
     if args.switch_from:

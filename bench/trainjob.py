@@ -21,7 +21,9 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
 Methods (where the batch size comes from):
   fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it;
                        --switch-from B --switch-after N: B for the first N steps, then a rebuilt loader;
-                       --with-session: asking memd for a plan and reporting each step, the batch fixed)
+                       --with-session: asking memd for a plan and reporting each step, the batch fixed;
+                       --prefetch P --freeze: its workers fed and forked as MemdLoader's are, the
+                       fixed job a loader's batch is judged against)
   report               memd: Session.plan() (trim_heap() when its batch changes, as the README
                        shows), then report(batch, peak_bytes=VmHWM) and reset VmHWM
   suggest              memd: client.suggest_batch(default) alone, once a step
@@ -42,6 +44,7 @@ where it died.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -169,9 +172,10 @@ class Records(torch.utils.data.Dataset):
 class Shape:
     """A model, its optimizers, and one synthetic sample (or a whole batch of them)."""
 
-    def __init__(self, name: str, workers: int = 2, lengths=(), seed: int = 0, per_token: bool = False):
+    def __init__(self, name: str, workers: int = 2, lengths=(), seed: int = 0, per_token: bool = False,
+                 prefetch=None, freeze: bool = False):
         self.name = name
-        self.workers = workers
+        self.workers, self.prefetch, self.freeze = workers, prefetch, freeze
         self.loader = None
         self.lengths, self.length, self.draw = list(lengths), None, random.Random(seed)
         self.per_token = per_token
@@ -229,8 +233,12 @@ class Shape:
         """The next batch of ``n`` from a DataLoader over the records, rebuilt when ``n``
         changes (as a training loop following a plan rebuilds it)."""
         if self.loader is None or self.loader.batch_size != n:
+            if self.freeze:  # as MemdLoader does before forking: no collection then copies what they share
+                gc.collect()
+                gc.freeze()
             self.loader = torch.utils.data.DataLoader(self.records, batch_size=n, sampler=passes(self.records), drop_last=True,
-                                                      num_workers=self.workers, persistent_workers=self.workers > 0)
+                                                      num_workers=self.workers, persistent_workers=self.workers > 0,
+                                                      prefetch_factor=self.prefetch if self.workers else None)
             self.batches = iter(self.loader)
         try:
             return next(self.batches)
@@ -487,6 +495,9 @@ def main(argv=None) -> None:
     parser.add_argument("--job", default=None, help="memd job name (default: bench-SHAPE)")
     parser.add_argument("--steady-heap", action="store_true",
                         help="hold glibc's mmap threshold as memd's client does (memd.client.heap.steady_heap)")
+    parser.add_argument("--prefetch", type=int, help="--shape workers: each worker's prefetch_factor (torch's 2 unset)")
+    parser.add_argument("--freeze", action="store_true",
+                        help="--shape workers: gc.collect() and gc.freeze() before forking workers, as MemdLoader does")
     parser.add_argument("--lengths", default="", metavar="L:P,...",
                         help="gpt, tiny: each step's sequence length, L tokens with probability P")
     parser.add_argument("--seed", type=int, default=0, help="the draw of --lengths")
@@ -509,7 +520,10 @@ def main(argv=None) -> None:
         if args.switch_from:
             parser.error("--schedule and --switch-from both set a path: give one")
         parse_schedule(args.schedule)  # a typo fails here, before the dataset is built
-    shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed, args.per_token)
+    if (args.prefetch or args.freeze) and (args.shape != "workers" or args.method != "fixed"):
+        parser.error("--prefetch and --freeze are for --shape workers --method fixed (MemdLoader sets its own)")
+    shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed, args.per_token,
+                  args.prefetch, args.freeze)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())
     if args.method.startswith("lightning-"):
         method_lightning(shape, args, args.method.split("-", 1)[1])

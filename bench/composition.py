@@ -113,8 +113,10 @@ def long_feasible(probes: List[Dict]) -> Optional[int]:
     return best
 
 
-def record(row: str, paths: List[str], results: str) -> None:
-    """Each run's verdict, and the row's long feasible written into ``results``."""
+def record(row: str, paths: List[str], results: str, beside: Optional[int] = None) -> None:
+    """Each run's verdict, and the row's long feasible written into ``results``; with ``beside``,
+    the long feasible beside the workers its loader chose (runs with --workers BESIDE), which the
+    loader's batch is judged against."""
     probes = []
     for path in paths:
         events = _events(path)
@@ -123,6 +125,10 @@ def record(row: str, paths: List[str], results: str) -> None:
             raise SystemExit("composition: %s took no step" % path)
         if len({e["batch"] for e in steps}) > 1:  # --switch-from, --schedule: an adaptive path, not a probe
             raise SystemExit("composition: %s changed its batch; only runs at one batch are probes of it" % path)
+        if beside is not None:
+            workers = max(len(r.get("workers") or []) for r in _load(path))
+            if workers != beside:
+                raise SystemExit("composition: %s ran %d workers, not %d" % (path, workers, beside))
         probe = dict(batch=steps[0]["batch"], steps=len(steps), file=os.path.basename(path),
                      **verdict(steps, any(e.get("e") == "end" for e in events)))
         probes.append(probe)
@@ -131,21 +137,26 @@ def record(row: str, paths: List[str], results: str) -> None:
     with open(results) as f:
         data = json.load(f)
     result = next(r for r in data["results"] if r["row"]["name"] == row)
-    found = result["feasible"]
     best = long_feasible(probes)
     ran = [p for p in probes if p["outcome"] == "ran"]
     failed = [p["batch"] for p in probes if p["outcome"] != "ran"]
-    found["long"] = {"batch": best, "below": min(failed) if best is None and failed else None,
-                     "steps": max(p["steps"] for p in (ran or probes)),
-                     "probes": sorted(probes, key=lambda p: p["batch"])}
-    # Judged against the long feasible once one is known; until then (a failure at the smallest
-    # batch probed, or too few runs below it) the short probes' batch stays.
-    found["batch"] = max(found["plain"]["batch"], found["steady"]["batch"])
-    if best is not None:
-        found["batch"] = min(found["batch"], best)
+    long = {"batch": best, "below": min(failed) if best is None and failed else None,
+            "steps": max(p["steps"] for p in (ran or probes)), "probes": sorted(probes, key=lambda p: p["batch"])}
+    if beside is None:
+        found = result["feasible"]
+        found["long"] = long
+        # Judged against the long feasible once one is known; until then (a failure at the smallest
+        # batch probed, or too few runs below it) the short probes' batch stays.
+        found["batch"] = realjobs.judged(max(found["plain"]["batch"], found["steady"]["batch"]), long)
+    else:
+        check = result.get("workers_check")
+        if not check or check["loader_workers"] != beside:
+            raise SystemExit("composition: %s's loader did not choose %d workers" % (row, beside))
+        check["feasible_beside_chosen"]["long"] = long
     with open(results, "w") as f:
         json.dump(data, f, indent=1)
-    print("%s: the long feasible is %s; judged against %d" % (row, realjobs.long_known(found["long"]), found["batch"]))
+    print("%s: the long feasible%s is %s" % (row, "" if beside is None else " beside %d workers" % beside,
+                                            realjobs.long_known(long)))
 
 
 def main() -> None:
@@ -165,11 +176,13 @@ def main() -> None:
     parser.add_argument("--summarize", nargs="+", metavar="FILE", help="summarize runs logged before")
     parser.add_argument("--record", metavar="ROW", help="with FILE...: each run's verdict, and ROW's long feasible "
                                                          "written into --results")
+    parser.add_argument("--beside", type=int, metavar="WORKERS",
+                        help="with --record: the runs are beside the WORKERS the row's loader chose")
     parser.add_argument("files", nargs="*", metavar="FILE")
     parser.add_argument("--results", default=os.path.join(realjobs.ROOT, "docs", "results", "real", "results.json"))
     args = parser.parse_args()
     if args.record:
-        record(args.record, args.files, args.results)
+        record(args.record, args.files, args.results, args.beside)
         return
     if args.summarize:
         for path in args.summarize:

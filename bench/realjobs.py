@@ -444,11 +444,14 @@ def table(results: List[Dict]) -> str:
                 workers = r.get("workers") or []
                 share = "%.1f %%" % (100.0 * final / best)
                 beside = (res.get("workers_check") or {}).get("feasible_beside_chosen") if workers else None
+                bar = best
                 if beside and beside.get("batch"):  # judged beside the workers it chose, too
-                    share += " (%.1f %% of the %d that fit beside %d)" % (
-                        100.0 * final / beside["batch"], beside["batch"], workers[-1])
-                judged = beside["batch"] if beside and beside.get("batch") else best
-                reached = held_from(r["batches"], REACHED * judged)
+                    long = beside.get("long")
+                    bar = judged(beside["batch"], long)
+                    said = "" if not long else " in %d steps" % long["steps"] if bar == long["batch"] else \
+                        "; %s in %d steps" % (long_known(long), long["steps"])
+                    share += " (%.1f %% of the %d that fit beside %d%s)" % (100.0 * final / bar, bar, workers[-1], said)
+                reached = held_from(r["batches"], REACHED * bar)
                 cells = [str(final) + (" (%d worker%s)" % (workers[-1], "" if workers[-1] == 1 else "s") if workers else ""),
                          share, str(r["oom_errors"]), "0", str(at + 1), "%.0f" % r["seconds"][at],
                          "never" if reached is None else "%d (%.0f s)" % (reached + 1, r["seconds"][reached])]
@@ -465,6 +468,12 @@ def _feasible_cell(result: Dict) -> str:
     long = found.get("long")  # what ran as long as the methods do (bench/composition.py --record)
     said = "; %s in %d steps" % (long_known(long), long["steps"]) if long else ""
     return "%d (plain heap %d, steady %d%s)" % (found["batch"], plain["batch"], steady["batch"], said)
+
+
+def judged(short: int, long: Optional[Dict]) -> int:
+    """The batch a method is judged against: the short probes', or what ran as long as the method
+    did once that is known (three runs of a batch at least, bench/composition.py --record)."""
+    return min(short, long["batch"]) if long and long["batch"] is not None else short
 
 
 def long_known(long: Dict) -> str:

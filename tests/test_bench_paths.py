@@ -91,3 +91,41 @@ def test_per_token_without_lengths_is_refused(capsys):
     with pytest.raises(SystemExit):
         trainjob().main(["--shape", "tiny", "--method", "fixed", "--batch", "4", "--per-token"])
     assert "--per-token needs --lengths" in capsys.readouterr().err
+
+
+def _fixed_run(tmp_path, name, batch, steps, ended=True, workers=1):
+    """A fixed run's reads and step events as bench/composition.py writes them."""
+    run = tmp_path / name
+    run.write_text(json.dumps({"t": 0.5, "workers": [{"private": 343}] * workers, "group": {"usage": 1900}}) + "\n")
+    events = [{"e": "step", "i": i, "batch": batch, "dt": 2.5} for i in range(steps)]
+    events += [{"e": "end"}] if ended else []
+    (tmp_path / (name + ".steps")).write_text("".join(json.dumps(e) + "\n" for e in events))
+    return str(run)
+
+
+def test_a_loader_is_judged_against_what_ran_as_long_beside_the_workers_it_chose(tmp_path):
+    from bench import composition, realjobs
+
+    results = tmp_path / "results.json"
+    loader = {"method": "loader", "final_batch": 931, "settled_step": 0, "killed": False, "oom_errors": 0,
+              "workers": [1, 1], "batches": [931, 931], "seconds": [1.0, 4.0]}
+    results.write_text(json.dumps({"results": [{
+        "row": {"name": "workers-2g", "limit_bytes": 2 << 30}, "feasible": {"batch": 129}, "runs": [loader],
+        "workers_check": {"loader_workers": 1, "feasible_beside_chosen": {"batch": 988}}}]}))
+    assert "94.2 % of the 988 that fit beside 1)" in realjobs.table(json.loads(results.read_text())["results"])
+
+    killed = _fixed_run(tmp_path, "w1-980", 980, 41, ended=False)  # killed at step 41
+    composition.record("workers-2g", [killed], str(results), beside=1)
+    # below 980 is not yet a batch that ran: still judged against the short probes
+    assert "94.2 % of the 988 that fit beside 1; below 980 in 41 steps)" in \
+        realjobs.table(json.loads(results.read_text())["results"])
+
+    runs = [_fixed_run(tmp_path, "w1-960-%d" % k, 960, 400) for k in range(3)] + [killed]
+    composition.record("workers-2g", runs, str(results), beside=1)
+    data = json.loads(results.read_text())
+    assert data["results"][0]["workers_check"]["feasible_beside_chosen"]["long"]["batch"] == 960
+    assert "long" not in data["results"][0]["feasible"]  # the row's own feasible untouched
+    assert "97.0 % of the 960 that fit beside 1 in 400 steps)" in realjobs.table(data["results"])
+
+    with pytest.raises(SystemExit, match="ran 2 workers, not 1"):
+        composition.record("workers-2g", [_fixed_run(tmp_path, "w2", 900, 400, workers=2)], str(results), beside=1)

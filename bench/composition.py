@@ -9,6 +9,11 @@ active_file, inactive_file) with its usage, in MiB; the job's own step events go
 It shows what the kernel takes back before it kills: near the limit the group's file pages and the
 trainer's library pages shrink while the job runs on (docs/results.md, the workers row).
 
+With ``--method loader --workers W --prefetch P`` the job is MemdLoader's at a fixed plan (batch,
+W workers at prefetch P, no daemon): what the loader's batch is judged against, its batches held
+and its workers forked as the loader holds and forks them. ``--workers``, ``--prefetch`` and
+``--freeze`` (``gc.freeze`` before the fork, as MemdLoader does) run the plain loader that way.
+
     .venv/bin/python bench/composition.py --summarize FILE...
 
 prints, for runs already logged, the median seconds a step took past the first 20 steps (where the
@@ -21,7 +26,7 @@ group's limit it may run on by evicting and reading back its own code's pages (9
 instead of 0.5: not killed, but no longer training). Whether a batch fits a run as long as memd's
 is told by runs as long, one verdict each:
 
-    .venv/bin/python bench/composition.py --record workers-2g FILE...
+    .venv/bin/python bench/composition.py --record workers-2g [--beside WORKERS] FILE...
 
 reads each run's steps (FILE.steps or FILE.steps.jsonl[.gz]): it *ran* (every step, the last
 ones as fast as the first), *thrashed* (a stretch of THRASH_WINDOW steps whose median took
@@ -29,7 +34,8 @@ THRASH times the run's usual step) or *ended early* (killed, or stopped); and wr
 ``long`` feasible into docs/results/real/results.json: the largest batch whose runs (MIN_RUNS at
 least) all ran, every batch probed below it running too. The table then judges the row's methods
 against it (``--replot``); until one is known the cell says what is (below the smallest batch that
-failed) and the methods stay judged against the short probes.
+failed) and the methods stay judged against the short probes. With ``--beside WORKERS`` the runs
+are of the loader's job beside the workers it chose, and the long feasible is the loader's.
 """
 from __future__ import annotations
 
@@ -168,6 +174,8 @@ def main() -> None:
     parser.add_argument("--switch-from", type=int, help="run the first --switch-after steps at this batch")
     parser.add_argument("--switch-after", type=int, default=0)
     parser.add_argument("--schedule", help="BATCH:STEPS,... run in turn before --batch (an adaptive method's path)")
+    parser.add_argument("--method", choices=("fixed", "loader"), default="fixed",
+                        help="loader: MemdLoader at --batch, the loader's own job at one batch")
     parser.add_argument("--workers", type=int, help="DataLoader workers (the row's unless given)")
     parser.add_argument("--prefetch", type=int, help="each worker's prefetch_factor (torch's 2 unless given)")
     parser.add_argument("--freeze", action="store_true", help="freeze the collected objects before forking workers, "
@@ -193,7 +201,7 @@ def main() -> None:
     row = realjobs.ROWS[args.row]
     if args.workers is not None:
         row = replace(row, workers=args.workers)
-    cmd = [sys.executable, realjobs.JOB, "--shape", row.shape, "--workers", str(row.workers), "--method", "fixed",
+    cmd = [sys.executable, realjobs.JOB, "--shape", row.shape, "--workers", str(row.workers), "--method", args.method,
            "--batch", str(args.batch), "--steps", str(args.steps), "--steady-heap"]
     if args.prefetch:
         cmd += ["--prefetch", str(args.prefetch)]

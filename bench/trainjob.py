@@ -30,6 +30,7 @@ Methods (where the batch size comes from):
   helpers              memd: agreed_plan + guarded_step from memd.client.training (memd measures)
   loader               memd: MemdLoader (--shape workers): batch, workers and prefetch from the
                        plan, Session(num_workers=--workers); each batch reports the step before
+                       (with --batch: that batch, --workers at --prefetch, no daemon: a probe)
   accelerate           accelerate's find_executable_batch_size (starting at 128, its default)
   lightning-power      Lightning's BatchSizeFinder, mode "power"
   lightning-binsearch  Lightning's BatchSizeFinder, mode "binsearch"
@@ -381,14 +382,38 @@ def method_helpers(shape: Shape, args) -> None:
                  **length)
 
 
+class FixedPlan:
+    """A session whose plan never moves: batch --batch, --workers workers at --prefetch. MemdLoader
+    over it is the loader's own job at one batch (its workers forked and its batches held as it
+    holds them), the probe the loader's batch is judged against; no daemon is asked."""
+
+    def __init__(self, batch: int, workers: int, prefetch: int):
+        from memd.client import Plan
+
+        self.target_effective_batch, self.min_batch = None, 1
+        self._plan = Plan(batch_size=batch, grad_accum_steps=1, effective_batch_size=batch, num_workers=workers,
+                          prefetch_factor=prefetch if workers else None, throttle=False, pressure="ok",
+                          reason="fixed", source="fixed")
+
+    def plan(self):
+        return self._plan
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def method_loader(shape: Shape, args) -> None:
     from memd import client
     from memd.client.training import MemdLoader
 
     if shape.name != "workers":
         raise SystemExit("--method loader reads the workers shape's dataset")
-    with client.Session(job=args.job, default_batch=args.default_batch, num_workers=args.workers) as s:
-        loader = MemdLoader(shape.records, s, sampler=passes(shape.records), drop_last=True)
+    with (FixedPlan(args.batch, args.workers, args.prefetch or 2) if args.batch else
+          client.Session(job=args.job, default_batch=args.default_batch, num_workers=args.workers)) as s:
+        loader = MemdLoader(shape.records, s, sampler=passes(shape.records), drop_last=True, report=not args.batch)
         i = 0
         while i < args.steps:
             for batch in loader:
@@ -483,7 +508,7 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (--shape workers)")
     parser.add_argument("--method", required=True, choices=METHODS)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch", type=int, help="the batch for --method fixed")
+    parser.add_argument("--batch", type=int, help="the batch for --method fixed, or --method loader's fixed plan")
     parser.add_argument("--switch-from", type=int, help="--method fixed: the batch of its first --switch-after steps")
     parser.add_argument("--switch-after", type=int, default=0)
     parser.add_argument("--schedule", help="--method fixed: BATCH:STEPS,... run in turn before --batch")
@@ -520,8 +545,10 @@ def main(argv=None) -> None:
         if args.switch_from:
             parser.error("--schedule and --switch-from both set a path: give one")
         parse_schedule(args.schedule)  # a typo fails here, before the dataset is built
-    if (args.prefetch or args.freeze) and (args.shape != "workers" or args.method != "fixed"):
-        parser.error("--prefetch and --freeze are for --shape workers --method fixed (MemdLoader sets its own)")
+    if (args.prefetch or args.freeze) and (args.shape != "workers" or args.method != "fixed") and \
+            not (args.prefetch and args.method == "loader" and args.batch):
+        parser.error("--prefetch and --freeze are for --shape workers --method fixed, --prefetch for --method loader "
+                     "--batch too (MemdLoader freezes, and otherwise takes its prefetch from the plan)")
     shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed, args.per_token,
                   args.prefetch, args.freeze)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())

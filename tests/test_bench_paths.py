@@ -129,3 +129,12 @@ def test_a_loader_is_judged_against_what_ran_as_long_beside_the_workers_it_chose
 
     with pytest.raises(SystemExit, match="ran 2 workers, not 1"):
         composition.record("workers-2g", [_fixed_run(tmp_path, "w2", 900, 400, workers=2)], str(results), beside=1)
+
+
+def test_the_loader_at_a_fixed_plan_runs_its_batch_beside_its_workers_with_no_daemon(capsys):
+    """The probe a loader's batch is judged against: MemdLoader itself, its plan fixed (a plan
+    from a session would say source "daemon" or "fallback")."""
+    trainjob().main(["--shape", "workers", "--method", "loader", "--batch", "6", "--workers", "1", "--prefetch", "1",
+                     "--steps", "3"])
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"e": "step"')]
+    assert [(s["batch"], s["workers"], s["source"]) for s in steps] == [(6, 1, "fixed")] * 3

@@ -31,6 +31,7 @@ import collections
 import gc
 import sys
 import time
+import weakref
 from typing import Any, Deque, Iterator, List, Optional, Tuple
 
 from .heap import trim_heap
@@ -96,6 +97,7 @@ class MemdLoader:
         self._config: Optional[_Config] = None
         # (batch size, bytes) of the batch delivered last, not yet reported
         self._last: Optional[Tuple[int, int]] = None
+        self._held: List[Any] = []  # weak references to the tensors of the batch delivered last
 
     def set_epoch(self, epoch: int) -> None:
         """Passed on to a sampler that has it (DistributedSampler)."""
@@ -118,6 +120,7 @@ class MemdLoader:
             if self._loader is None or config != self._config or batches is None:
                 if self._loader is not None and config != self._config:
                     self._close()
+                    batches = None  # and the batch it handed out last with it
                     trim_heap()  # the old batch's and workers' memory back to the OS before the new one
                 batches = self._start(order[position:], config)
             try:
@@ -127,6 +130,7 @@ class MemdLoader:
             position += indices
             self._delivered(batch, indices)
             yield batch
+            batch = None  # the loop's to hold, not this frame's: a rebuild would fork new workers with it
 
     def _next_plan(self) -> Plan:
         from .training import agreed_plan
@@ -157,8 +161,9 @@ class MemdLoader:
         else:
             self._chunks.indices = remaining  # a new epoch through the same workers
         self._chunks.sizes.clear()
-        if workers and (built or not self.persistent_workers):
-            _spare_from_collection()  # workers are forked as the DataLoader's iterator starts, just below
+        if workers and (built or not self.persistent_workers):  # forked as its iterator starts, just below
+            _spare_from_collection()
+            _unshare(self._held)
         return ((self._chunks.sizes.popleft(), batch) for batch in self._loader)
 
     def _delivered(self, batch: Any, samples: int) -> None:
@@ -169,6 +174,7 @@ class MemdLoader:
             # plan's workers (it shuts the old ones down before the next batch of a new plan).
             self.session.report(size, batch_bytes=nbytes, loader_workers=self._config[1] if self._config else None)
         self._last = (samples, _nbytes(batch))
+        self._held = [weakref.ref(t) for t in _tensors(batch)]
 
     def report_oom(self) -> None:
         """The batch delivered last ran out of memory: the session cuts the plan (the next batch is
@@ -202,14 +208,37 @@ def _spare_from_collection() -> None:
     gc.freeze()
 
 
-def _nbytes(batch: Any) -> int:
-    """Bytes of the tensors in a batch (a tensor, or sequences and mappings of them)."""
+def _tensors(batch: Any) -> Iterator[Any]:
+    """The tensors in a batch (a tensor, or sequences and mappings of them)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(batch, torch.Tensor):
-        nbytes: int = batch.element_size() * batch.nelement()
-        return nbytes
-    if isinstance(batch, dict):
-        return sum(_nbytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(_nbytes(v) for v in batch)
-    return 0
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _tensors(v)
+
+
+def _nbytes(batch: Any) -> int:
+    """Bytes of the tensors in a batch."""
+    return sum(t.element_size() * t.nelement() for t in _tensors(batch))
+
+
+def _unshare(held: List[Any]) -> None:
+    """Move the tensors of the batch the loop may still hold out of shared memory, in place (the
+    same tensors, the same values, in the trainer's own memory), before new workers are forked.
+    A fork inherits the trainer's descriptor and mapping of every shared batch it holds, and the
+    batch then lives as long as the new workers do, however soon the loop lets go of it:
+    bench/rebuildpin.py, one worker at prefetch 1, a rebuild 300 -> 100 left the new worker
+    holding the batch of 300 (29.3 MiB) open, the loop holding its batch or not (MemdLoader's
+    own references held it). On the benchmark's workers job, an extra batch in the group's shared
+    memory for the rest of the run after a rebuild (memd costs it: policy _in_flight)."""
+    import torch
+
+    with torch.no_grad():
+        for ref in held:
+            tensor = ref()
+            if tensor is not None and tensor.device.type == "cpu" and tensor.is_shared():
+                tensor.set_(tensor.clone())

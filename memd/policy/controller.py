@@ -547,8 +547,11 @@ def _in_flight(prefetch: int, facts: WorkerFacts) -> int:
     worker's heap 23-39 MiB above its level as it built one, up to 5.1 batches in all; costed at
     1 each, the batch had 1-4 MiB to spare and the kernel killed it. Beside 1 worker at 929-982
     (29-30 MiB) the queue held up to 2.1 batches and the building worker 1.1 more (3.2 in all);
-    costed at 2, it was killed at 982 within 40 steps. A loop's own loader at prefetch 2, costed
-    at its 2, ran at the largest batch that fits (queued 3-4)."""
+    costed at 2, it was killed at 982 within 40 steps. Part of that was a batch a rebuild had left
+    pinned in the new worker (MemdLoader no longer does, bench/rebuildpin.py), but MemdLoader at a
+    fixed 980 beside 1 worker, never rebuilt, still read up to 78 MiB (2.5 batches) beyond the
+    trainer's own. A loop's own loader at prefetch 2, costed at its 2, ran at the largest batch
+    that fits (queued 3-4)."""
     return prefetch + 2 if facts.follows else prefetch
 
 

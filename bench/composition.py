@@ -161,8 +161,9 @@ def record(row: str, paths: List[str], results: str, beside: Optional[int] = Non
         check["feasible_beside_chosen"]["long"] = long
     with open(results, "w") as f:
         json.dump(data, f, indent=1)
-    print("%s: the long feasible%s is %s" % (row, "" if beside is None else " beside %d workers" % beside,
-                                            realjobs.long_known(long)))
+    print("%s: the long feasible%s is %s" % (
+        row, "" if beside is None else " beside %d worker%s" % (beside, "" if beside == 1 else "s"),
+        realjobs.long_known(long)))
 
 
 def main() -> None:

@@ -22,8 +22,8 @@ Methods (where the batch size comes from):
   fixed                --batch N, every step (--steady-heap: glibc's heap held as memd's client holds it;
                        --switch-from B --switch-after N: B for the first N steps, then a rebuilt loader;
                        --with-session: asking memd for a plan and reporting each step, the batch fixed;
-                       --prefetch P --freeze: its workers fed and forked as MemdLoader's are, the
-                       fixed job a loader's batch is judged against)
+                       --prefetch P --freeze: the plain loader at a prefetch of P, its objects frozen
+                       before the fork as MemdLoader freezes them)
   report               memd: Session.plan() (trim_heap() when its batch changes, as the README
                        shows), then report(batch, peak_bytes=VmHWM) and reset VmHWM
   suggest              memd: client.suggest_batch(default) alone, once a step
@@ -545,10 +545,11 @@ def main(argv=None) -> None:
         if args.switch_from:
             parser.error("--schedule and --switch-from both set a path: give one")
         parse_schedule(args.schedule)  # a typo fails here, before the dataset is built
-    if (args.prefetch or args.freeze) and (args.shape != "workers" or args.method != "fixed") and \
-            not (args.prefetch and args.method == "loader" and args.batch):
-        parser.error("--prefetch and --freeze are for --shape workers --method fixed, --prefetch for --method loader "
-                     "--batch too (MemdLoader freezes, and otherwise takes its prefetch from the plan)")
+    if args.freeze and (args.shape != "workers" or args.method != "fixed"):
+        parser.error("--freeze is for --shape workers --method fixed (MemdLoader freezes as it forks)")
+    if args.prefetch and not (args.shape == "workers" and (args.method == "fixed" or args.method == "loader" and args.batch)):
+        parser.error("--prefetch is for --shape workers, --method fixed or --method loader --batch "
+                     "(a plan sets MemdLoader's)")
     shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed, args.per_token,
                   args.prefetch, args.freeze)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())

@@ -22,7 +22,9 @@ reports its steps itself, and call ``report_oom()`` when a step on the latest ba
 memory. Under torch.distributed every rank follows the same plan (``agreed_plan``): iterate the
 loader on every rank in step. As it starts workers it freezes the objects Python's cycle
 collector tracks (``gc.freeze``), so that no collection copies the pages the workers share with
-the trainer; those objects are then freed by reference counting alone.
+the trainer; those objects are then freed by reference counting alone. And it moves the batch the
+loop still holds out of shared memory (the same tensors, the same values): a fork inherits it, and
+it would stay in memory as long as the new workers live.
 torch is imported when a MemdLoader is built, never by ``import memd.client``.
 """
 from __future__ import annotations

@@ -175,8 +175,9 @@ class MemdLoader:
             # The step since the last batch ran clean; loader_workers says this loader follows the
             # plan's workers (it shuts the old ones down before the next batch of a new plan).
             self.session.report(size, batch_bytes=nbytes, loader_workers=self._config[1] if self._config else None)
-        self._last = (samples, _nbytes(batch))
-        self._held = [weakref.ref(t) for t in _tensors(batch)]
+        tensors = list(_tensors(batch))
+        self._last = (samples, sum(t.element_size() * t.nelement() for t in tensors))
+        self._held = [weakref.ref(t) for t in tensors]
 
     def report_oom(self) -> None:
         """The batch delivered last ran out of memory: the session cuts the plan (the next batch is
@@ -221,11 +222,6 @@ def _tensors(batch: Any) -> Iterator[Any]:
     elif isinstance(batch, (list, tuple)):
         for v in batch:
             yield from _tensors(v)
-
-
-def _nbytes(batch: Any) -> int:
-    """Bytes of the tensors in a batch."""
-    return sum(t.element_size() * t.nelement() for t in _tensors(batch))
 
 
 def _unshare(held: List[Any]) -> None:

@@ -19,13 +19,30 @@ import json
 import os
 import subprocess
 import sys
+from typing import List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+
+def inherited(pid: int) -> List[str]:
+    """The torch shared-memory files ``pid`` holds open that another process made (torch names
+    them torch_<maker's pid>_...), as /proc/PID/fd/N paths: batches it was forked holding."""
+    found = []
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        path = "/proc/%d/fd/%s" % (pid, fd)
+        try:
+            name = os.path.basename(os.readlink(path))
+        except OSError:
+            continue
+        if name.startswith("torch_") and name.split("_")[1] != str(pid):
+            found.append(path)
+    return found
+
 ARM = r"""
 import json, os, sys
-sys.path[:0] = [os.path.join(ROOT, "client")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]
 import torch
+from bench.rebuildpin import inherited
 from memd import client
 from memd.client.training import MemdLoader
 
@@ -48,19 +65,6 @@ class Script:  # plans from a list, one a batch: a stand-in for the daemon
         return client.Plan(batch_size=size, grad_accum_steps=1, effective_batch_size=size, num_workers=1,
                            prefetch_factor=1, throttle=False, pressure="ok", reason="script", source="script")
 
-def inherited(pid):
-    # torch names its shared memory torch_<pid of the maker>_...; the worker's own carry its pid
-    found = []
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
-        except OSError:
-            continue
-        name = os.path.basename(target)
-        if name.startswith("torch_") and name.split("_")[1] != str(pid):
-            found.append(os.stat("/proc/%d/fd/%s" % (pid, fd)).st_size)
-    return found
-
 sizes = ([BEFORE] * 4 if BEFORE else []) + [THEN] * 10
 loader = MemdLoader(Samples(), Script(sizes), report=False)
 for k, batch in enumerate(loader):
@@ -70,7 +74,7 @@ for k, batch in enumerate(loader):
         break
 worker = [int(p) for p in os.listdir("/proc") if p.isdigit() and open("/proc/%s/stat" % p).read().split()[3]
           == str(os.getpid())]
-files = [size for pid in worker for size in inherited(pid)]
+files = [os.path.getsize(path) for pid in worker for path in inherited(pid)]
 print(json.dumps({"builds": loader.builds, "workers": len(worker), "inherited_files": len(files),
                   "inherited_mib": round(sum(files) / 2**20, 1)}))
 """

@@ -83,20 +83,6 @@ class Wide(torch.utils.data.Dataset):
         return torch.full((1024,), float(i))  # 4 KiB
 
 
-def _inherited_batches(pid):
-    """The torch shared-memory files a process holds open that another process made (torch names
-    them torch_<maker's pid>_...): batches it was forked holding."""
-    found = []
-    for fd in os.listdir("/proc/%d/fd" % pid):
-        try:
-            name = os.path.basename(os.readlink("/proc/%d/fd/%s" % (pid, fd)))
-        except OSError:
-            continue
-        if name.startswith("torch_") and name.split("_")[1] != str(pid):
-            found.append(name)
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads a worker's descriptors in /proc")
 def test_a_rebuild_forks_its_new_workers_without_the_batch_the_loop_holds():
     """A fork inherits the trainer's descriptor of every shared batch it holds, and such a batch
@@ -111,7 +97,9 @@ def test_a_rebuild_forks_its_new_workers_without_the_batch_the_loop_holds():
             break
     assert loader.builds == 2
     worker = loader._loader._iterator._workers[0].pid
-    assert _inherited_batches(worker) == []
+    from bench.rebuildpin import inherited
+
+    assert inherited(worker) == []
     assert not held.is_shared() and torch.equal(held, values)
 
 

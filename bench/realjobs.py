@@ -448,8 +448,11 @@ def table(results: List[Dict]) -> str:
                 if beside and beside.get("batch"):  # judged beside the workers it chose, too
                     long = beside.get("long")
                     bar = judged(beside["batch"], long)
-                    said = "" if not long else " in %d steps" % long["steps"] if bar == long["batch"] else \
-                        "; %s in %d steps" % (long_known(long), long["steps"])
+                    said = ""
+                    if long and bar == long["batch"]:  # judged against what ran as long
+                        said = " in %d steps" % long["steps"]
+                    elif long:  # still the short probes': what the long runs say so far
+                        said = "; %s in %d steps" % (long_known(long), long["steps"])
                     share += " (%.1f %% of the %d that fit beside %d%s)" % (100.0 * final / bar, bar, workers[-1], said)
                 reached = held_from(r["batches"], REACHED * bar)
                 cells = [str(final) + (" (%d worker%s)" % (workers[-1], "" if workers[-1] == 1 else "s") if workers else ""),

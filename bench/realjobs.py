@@ -74,6 +74,9 @@ class Row:
     # Steps each method runs at least: a worker's copy of the dataset grows as it reads records,
     # so a run that ends before its workers have read them all has not met its peak.
     min_steps: int = 0
+    # "cuda": the job trains on the GPU, its pool what another tenant leaves free there
+    # (bench/gpujobs.py), not a cgroup: an overshoot is an out-of-memory error, not a kill.
+    device: str = "cpu"
 
 
 # bench/trainjob.py's Records: each worker copies a record as it reads it; after reading each
@@ -123,10 +126,16 @@ class Run:
     cgroup_peak_bytes: Optional[int] = None
     wall_seconds: float = 0.0
     note: str = ""
+    oom_ended: bool = False  # an out-of-memory error no method caught ended it (on a GPU)
 
     @property
     def completed(self) -> bool:
         return not self.killed and self.exit_code == 0
+
+    @property
+    def out_of_memory(self) -> bool:
+        """It did not fit: the kernel killed it, or (on a GPU) an out-of-memory error ended it."""
+        return self.killed or self.oom_ended
 
     def final_batch(self) -> Optional[int]:
         return self.batches[-1] if self.batches and self.completed else None
@@ -142,18 +151,39 @@ class Run:
         return at
 
 
+class OnGpu:
+    """A GPU row's pool, in place of a cgroup: what the tenant leaves free on the device
+    (bench/gpujobs.py). Nothing there kills; an overshoot ends the job with an error."""
+    path = None
+    join = None
+
+    def __enter__(self) -> "OnGpu":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def oom_kills(self) -> int:
+        return 0
+
+    def peak_bytes(self) -> Optional[int]:
+        return None
+
+
 def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: List[str] = (),
             timeout: float = 1800.0, reads: Optional[str] = None) -> Run:
-    """One process of bench/trainjob.py in a fresh cgroup of the row's size (``reads``: a file
-    for what the job's processes and group hold, read every half second: bench/reads.py)."""
+    """One process of bench/trainjob.py in a fresh cgroup of the row's size, or on the GPU for a
+    GPU row (``reads``: a file for what the job's processes and group hold, read every half
+    second: bench/reads.py)."""
     run = Run(method)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if endpoint:
         env["MEMD_ENDPOINT"] = endpoint
     cmd = [sys.executable, JOB, "--shape", row.shape, "--steps", str(steps), "--default-batch",
-           str(row.default_batch), "--workers", str(row.workers)] + list(extra)
+           str(row.default_batch), "--workers", str(row.workers), "--device", row.device] + list(extra)
     started = time.monotonic()
-    with MemoryCgroup(row.limit_bytes) as cg, tempfile.TemporaryFile("w+") as out:
+    pool = OnGpu() if row.device == "cuda" else MemoryCgroup(row.limit_bytes)
+    with pool as cg, tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL, env=env, preexec_fn=cg.join,
                                 start_new_session=True)
         reader = Reader(proc.pid, cg.path, reads, endpoint=endpoint) if reads else None
@@ -190,6 +220,8 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
                     run.trials.append(event["batch"])
             elif event.get("e") == "oom":
                 run.oom_errors += 1
+            elif event.get("e") == "died":
+                run.oom_ended = True
     run.wall_seconds = round(time.monotonic() - started, 1)
     return run
 
@@ -205,13 +237,15 @@ def fits(row: Row, batch: int, steps: int, log, steady: bool = False):
     for trial in range(PROBE_REPEATS):
         run = run_job(row, "fixed", settled_steps(row, batch, steps), None,
                       ["--method", "fixed", "--batch", str(batch)] + (["--steady-heap"] if steady else []))
-        if not run.completed and not run.killed:
+        if not run.completed and not run.out_of_memory:
             raise RuntimeError("probe of %s at batch %d failed without a kill (exit %s)" % (row.name, batch,
                                                                                            run.exit_code))
-        log("  probe %s batch %d%s%s: %s (VmHWM %s)" % (
+        log("  probe %s batch %d%s%s: %s (%s %s)" % (
             row.name, batch, " (steady heap)" if steady else "",
             " run %d of %d" % (trial + 1, PROBE_REPEATS) if PROBE_REPEATS > 1 else "",
-            "runs" if run.completed else "killed", "%.0f MiB" % (max(run.hwm) / 2 ** 20) if run.hwm else "-"))
+            "runs" if run.completed else "killed" if run.killed else "out of memory",
+            "reserved" if row.device == "cuda" else "VmHWM",
+            "%.0f MiB" % (max(run.hwm) / 2 ** 20) if run.hwm else "-"))
         if not run.completed:
             break
     return run.completed, run
@@ -337,12 +371,16 @@ class MemdDaemon:
 
 def bench_row(row: Row, methods: List[str], steps: int, probe_steps: int, daemon: MemdDaemon, log,
               known: Optional[int] = None, known_steady: Optional[int] = None, reads: Optional[str] = None) -> Dict:
-    log("row %s: %s in a %.2f GiB cgroup" % (row.name, row.shape, row.limit_bytes / GiB))
+    log("row %s: %s in %s" % (row.name, row.shape, pool_words(asdict(row))))
     plain = feasible(row, probe_steps, log) if known is None else {"batch": known, "probes": [], "given": True}
     # memd's client holds glibc's heap steady (a lower, repeatable peak): the job it runs may fit
     # more than the job the peers run. Each method is judged against the larger of the two.
-    steady = feasible(row, probe_steps, log, steady=True, guess=plain["batch"] or None) if known_steady is None \
-        else {"batch": known_steady, "probes": [], "given": True, "steady_heap": True}
+    if row.device == "cuda":  # the GPU's memory is PyTorch's allocator's, not glibc's heap
+        steady = dict(plain, steady_heap=True)
+    elif known_steady is None:
+        steady = feasible(row, probe_steps, log, steady=True, guess=plain["batch"] or None)
+    else:
+        steady = {"batch": known_steady, "probes": [], "given": True, "steady_heap": True}
     found = dict(max(plain, steady, key=lambda f: f["batch"]), plain=plain, steady=steady)
     log("  feasible: %d (plain heap %d, steady heap %d)" % (found["batch"], plain["batch"], steady["batch"]))
     runs: List[Run] = []
@@ -412,8 +450,10 @@ def machine_meta() -> Dict:
 def summary_line(run: Run, feasible_batch: int) -> str:
     final = run.final_batch()
     if final is None:
-        return "KILLED at batch %s after %d steps" % (run.last_try, len(run.batches)) if run.killed else \
-            "failed (exit %s) %s" % (run.exit_code, run.note)
+        if run.out_of_memory:
+            return "%s at batch %s after %d steps" % ("KILLED" if run.killed else "OUT OF MEMORY", run.last_try,
+                                                      len(run.batches))
+        return "failed (exit %s) %s" % (run.exit_code, run.note)
     at = run.settled_at()
     return "batch %d = %.1f %% of feasible; %d OOM errors; settled at step %d (%.0f s)" % (
         final, 100.0 * final / feasible_batch if feasible_batch else float("nan"), run.oom_errors, at + 1,
@@ -438,7 +478,9 @@ def table(results: List[Dict]) -> str:
         for r in res["runs"]:
             final, at = r["final_batch"], r["settled_step"]
             if final is None:
-                cells = ["killed at %s" % r["last_try"] if r["killed"] else "failed", "0 %", str(r["oom_errors"]),
+                ended = r.get("oom_ended")  # an uncaught out-of-memory error on a GPU: counted as an error
+                cells = ["killed at %s" % r["last_try"] if r["killed"] else "out of memory at %s" % r["last_try"]
+                         if ended else "failed", "0 %", str(r["oom_errors"] + (1 if ended else 0)),
                          "1" if r["killed"] else "0", "-", "-", "-"]
             else:
                 workers = r.get("workers") or []
@@ -486,6 +528,12 @@ def long_known(long: Dict) -> str:
     return "below %d" % long["below"] if long.get("below") else "not known"
 
 
+def pool_words(row: Dict) -> str:
+    if row.get("device") == "cuda":
+        return "the %.2f GiB another tenant leaves on its GPU" % (row["limit_bytes"] / GiB)
+    return "a %.2f GiB cgroup" % (row["limit_bytes"] / GiB)
+
+
 def plot(result: Dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -504,7 +552,7 @@ def plot(result: Dict, path: str) -> None:
         if r["killed"] and ys:
             ax.plot([len(ys)], [ys[-1]], "rx", markersize=10)
     row = result["row"]
-    ax.set_title("%s in a %.2f GiB cgroup: batch per step" % (row["shape"], row["limit_bytes"] / GiB))
+    ax.set_title("%s in %s: batch per step" % (row["shape"], pool_words(row)))
     ax.set_xlabel("step (finders: trials, then training)")
     ax.set_ylabel("batch size")
     ax.set_yscale("log", base=2)

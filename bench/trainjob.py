@@ -14,6 +14,8 @@ Shapes (real models, real AdamW/SparseAdam steps, synthetic data):
          that never gets one (a loader restarts its round-robin at worker 0 each epoch) copies
          nothing
   tiny   the gpt layout at a tenth of the cost, for the test suite
+  gpt-gpu  the gpt layout at GPU scale (vocab 8192, 512 tokens, 8 layers of width 512), for
+         --device cuda
   With --lengths L:P,... (gpt, tiny) each step's sequences are L tokens long, drawn with
   probability P (--seed): length-bucketed batches, as a sampler grouping by length makes them,
   so one batch size peaks differently from step to step (bench/varlen.py); with --per-token too,
@@ -34,6 +36,11 @@ Methods (where the batch size comes from):
   accelerate           accelerate's find_executable_batch_size (starting at 128, its default)
   lightning-power      Lightning's BatchSizeFinder, mode "power"
   lightning-binsearch  Lightning's BatchSizeFinder, mode "binsearch"
+
+With --device cuda the model and its samples live on the GPU, and a step's peak (``hwm`` below,
+and the report method's peak_bytes) is what PyTorch's allocator reserved at most
+(torch.cuda.max_memory_reserved(), as README's report shows). An out-of-memory error no method
+caught ends the job with {"e": "died", "error": "out of memory"} and exit status 3.
 
 Every step prints {"e": "try", "batch"} before it starts and, once done, one JSON line
 {"e": "step", "i", "batch", "dt", "t", "hwm", "source", "reason"} (``hwm``: the process's resident
@@ -60,6 +67,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+DEVICE = "cpu"  # --device
 METHODS = ("fixed", "report", "suggest", "helpers", "loader", "accelerate", "lightning-power", "lightning-binsearch")
 
 
@@ -85,6 +93,18 @@ def status_bytes(key: str) -> int:
 def reset_hwm() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+def peak() -> int:
+    """A step's peak: on the GPU what PyTorch's allocator reserved at most, else VmHWM."""
+    return int(torch.cuda.max_memory_reserved()) if DEVICE == "cuda" else vm_hwm()
+
+
+def reset_peak() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        reset_hwm()
 
 
 # -- shapes -------------------------------------------------------------------------------------
@@ -116,7 +136,7 @@ class GPT(nn.Module):
         self.head.weight = self.tok.weight
 
     def forward(self, tokens):
-        h = self.tok(tokens[:, :-1]) + self.pos(torch.arange(tokens.shape[1] - 1))
+        h = self.tok(tokens[:, :-1]) + self.pos(torch.arange(tokens.shape[1] - 1, device=tokens.device))
         logits = self.head(self.ln(self.blocks(h)))
         return F.cross_entropy(logits.reshape(-1, self.vocab), tokens[:, 1:].reshape(-1))
 
@@ -181,17 +201,18 @@ class Shape:
         self.lengths, self.length, self.draw = list(lengths), None, random.Random(seed)
         self.per_token = per_token
         torch.manual_seed(0)
-        if name in ("gpt", "tiny"):
-            vocab, seq, d, heads, layers = (4096, 257, 128, 4, 2) if name == "gpt" else (512, 65, 64, 4, 1)
+        if name in ("gpt", "tiny", "gpt-gpu"):
+            vocab, seq, d, heads, layers = {"gpt": (4096, 257, 128, 4, 2), "tiny": (512, 65, 64, 4, 1),
+                                            "gpt-gpu": (8192, 513, 512, 8, 8)}[name]
             if any(length > seq - 1 for length, _ in self.lengths):
                 raise SystemExit("--lengths: at most %d tokens for --shape %s" % (seq - 1, name))
             self.model = GPT(vocab, seq - 1, d, heads, layers)
-            self.sample = lambda n: torch.randint(0, vocab, (n, (self.length or seq - 1) + 1))
+            self.sample = lambda n: torch.randint(0, vocab, (n, (self.length or seq - 1) + 1), device=DEVICE)
         elif self.lengths:
             raise SystemExit("--lengths is for --shape gpt or tiny")
         elif name == "cnn":
             self.model = CNN(8)
-            self.sample = lambda n: (torch.randn(n, 3, 64, 64), torch.randint(0, 100, (n,)))
+            self.sample = lambda n: (torch.randn(n, 3, 64, 64, device=DEVICE), torch.randint(0, 100, (n,), device=DEVICE))
         elif name == "embed":
             rows, d, ids = 6_000_000, 64, 256
             self.model = Recommender(rows, d)
@@ -202,6 +223,7 @@ class Shape:
             self.sample = self._from_loader
         else:
             raise SystemExit("unknown shape %r" % name)
+        self.model.to(DEVICE)
         if name == "embed":
             self.optimizers = [torch.optim.SparseAdam(list(self.model.table.parameters()), lr=1e-3),
                                torch.optim.AdamW(self.model.mlp.parameters(), lr=1e-3)]
@@ -274,7 +296,7 @@ def run_steps(shape: Shape, steps: int, batch_for, after=None) -> None:
         emit(e="try", batch=batch, **length)
         started = time.monotonic()
         shape.step(shape.samples(batch), accum)
-        hwm = vm_hwm()
+        hwm = peak()
         emit(e="step", i=i, batch=batch, accum=accum, dt=round(time.monotonic() - started, 3), hwm=hwm,
              source=getattr(plan, "source", None), reason=getattr(plan, "reason", None), **length)
         if after is not None:
@@ -298,7 +320,7 @@ def method_fixed(shape: Shape, args) -> None:
         return (schedule[at][0] if at < len(schedule) else args.batch), 1, None
 
     if not args.with_session:
-        run_steps(shape, args.steps, batch_for, lambda i, batch, hwm: reset_hwm())
+        run_steps(shape, args.steps, batch_for, lambda i, batch, hwm: reset_peak())
         return
     from memd import client
 
@@ -306,7 +328,7 @@ def method_fixed(shape: Shape, args) -> None:
         def after(i, batch, hwm):
             s.plan()
             s.report(batch_size=batch, peak_bytes=hwm)
-            reset_hwm()
+            reset_peak()
         run_steps(shape, args.steps, batch_for, after)
 
 
@@ -348,7 +370,7 @@ def method_report(shape: Shape, args) -> None:
 
         def after(i, batch, hwm):
             s.report(batch_size=batch, peak_bytes=hwm)
-            reset_hwm()
+            reset_peak()
 
         run_steps(shape, args.steps, batch_for, after)
 
@@ -378,7 +400,7 @@ def method_helpers(shape: Shape, args) -> None:
                 emit(e="oom", batch=plan.batch_size)
                 continue
             emit(e="step", i=i, batch=plan.batch_size, accum=plan.grad_accum_steps,
-                 dt=round(time.monotonic() - started, 3), hwm=vm_hwm(), source=plan.source, reason=plan.reason,
+                 dt=round(time.monotonic() - started, 3), hwm=peak(), source=plan.source, reason=plan.reason,
                  **length)
 
 
@@ -426,7 +448,7 @@ def method_loader(shape: Shape, args) -> None:
                 for opt in shape.optimizers:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                emit(e="step", i=i, batch=len(labels), accum=1, dt=round(time.monotonic() - started, 3), hwm=vm_hwm(),
+                emit(e="step", i=i, batch=len(labels), accum=1, dt=round(time.monotonic() - started, 3), hwm=peak(),
                      source=plan.source, reason=plan.reason, workers=plan.num_workers)
                 i += 1
                 if i >= args.steps:
@@ -482,7 +504,7 @@ def method_lightning(shape: Shape, args, mode: str) -> None:
                 opt.zero_grad(set_to_none=True)
             size = len(batch[1]) if isinstance(batch, (list, tuple)) else len(batch)
             emit(e="trial" if phase["search"] else "step", i=phase["i"], batch=size, accum=1,
-                 dt=round(time.monotonic() - started, 3), hwm=vm_hwm(), source=None, reason=None)
+                 dt=round(time.monotonic() - started, 3), hwm=peak(), source=None, reason=None)
             phase["i"] += 0 if phase["search"] else 1
 
         def configure_optimizers(self):
@@ -496,7 +518,7 @@ def method_lightning(shape: Shape, args, mode: str) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="memd-lightning-") as root:  # the finder writes a checkpoint there
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, callbacks=[Finder(mode=mode)],
+        trainer = pl.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, max_steps=args.steps, callbacks=[Finder(mode=mode)],
                              logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, default_root_dir=root)
         trainer.fit(Module())
@@ -504,7 +526,8 @@ def method_lightning(shape: Shape, args, mode: str) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shape", required=True, choices=("gpt", "cnn", "embed", "workers", "tiny"))
+    parser.add_argument("--shape", required=True, choices=("gpt", "cnn", "embed", "workers", "tiny", "gpt-gpu"))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the model trains")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (--shape workers)")
     parser.add_argument("--method", required=True, choices=METHODS)
     parser.add_argument("--steps", type=int, default=30)
@@ -550,13 +573,23 @@ def main(argv=None) -> None:
     if args.prefetch and not (args.shape == "workers" and (args.method == "fixed" or args.method == "loader" and args.batch)):
         parser.error("--prefetch is for --shape workers, --method fixed or --method loader --batch "
                      "(a plan sets MemdLoader's)")
+    if args.device == "cuda" and (args.shape in ("embed", "workers") or args.method == "loader"):
+        parser.error("--device cuda trains the gpt, gpt-gpu, tiny or cnn shapes, not %s" % args.shape)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: PyTorch sees no CUDA device here")
+    global DEVICE
+    DEVICE = args.device
     shape = Shape(args.shape, args.workers if args.shape == "workers" else 0, lengths, args.seed, args.per_token,
                   args.prefetch, args.freeze)
     emit(e="start", pid=os.getpid(), params=sum(p.numel() for p in shape.model.parameters()), hwm=vm_hwm())
-    if args.method.startswith("lightning-"):
-        method_lightning(shape, args, args.method.split("-", 1)[1])
-    else:
-        globals()["method_" + args.method](shape, args)
+    try:
+        if args.method.startswith("lightning-"):
+            method_lightning(shape, args, args.method.split("-", 1)[1])
+        else:
+            globals()["method_" + args.method](shape, args)
+    except torch.cuda.OutOfMemoryError:  # one no method caught: on a GPU the job ends here, not killed
+        emit(e="died", error="out of memory")
+        sys.exit(3)
     emit(e="end", hwm=vm_hwm())
 
 

@@ -138,3 +138,30 @@ def test_the_loader_at_a_fixed_plan_runs_its_batch_beside_its_workers_with_no_da
                      "--steps", "3"])
     steps = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"e": "step"')]
     assert [(s["batch"], s["workers"], s["source"]) for s in steps] == [(6, 1, "fixed")] * 3
+
+
+def test_a_gpu_run_is_refused_where_torch_sees_no_gpu(capsys):
+    job = trainjob()
+    if job.torch.cuda.is_available():
+        pytest.skip("a GPU is here: bench/gpujobs.py runs it")
+    with pytest.raises(SystemExit):
+        job.main(["--shape", "gpt-gpu", "--method", "fixed", "--batch", "4", "--device", "cuda"])
+    assert "sees no CUDA device" in capsys.readouterr().err
+    from bench import gpujobs
+
+    assert gpujobs.main(["--out", "/nonexistent/gpujobs"]) == 2  # before any tenant, daemon or file
+    assert "sees no CUDA device" in capsys.readouterr().err
+
+
+def test_a_gpu_job_an_out_of_memory_error_ended_counts_as_an_error_not_a_kill():
+    from bench import realjobs
+
+    ended = {"method": "suggest", "final_batch": None, "settled_step": None, "killed": False, "oom_ended": True,
+             "oom_errors": 0, "last_try": 112, "batches": [4, 16, 64], "seconds": [1.0, 2.0, 3.0]}
+    caught = {"method": "accelerate", "final_batch": 64, "settled_step": 0, "killed": False, "oom_errors": 1,
+              "batches": [64, 64], "seconds": [5.0, 6.0]}
+    row = {"name": "gpt-gpu-16g", "limit_bytes": 16 << 30, "device": "cuda"}
+    text = realjobs.table([{"row": row, "feasible": {"batch": 90}, "runs": [ended, caught]}])
+    assert "| suggest | out of memory at 112 | 0 % | 1 | 0 |" in text
+    assert "| accelerate | 64 | 71.1 % | 1 | 0 |" in text
+    assert realjobs.pool_words(row) == "the 16.00 GiB another tenant leaves on its GPU"

@@ -370,7 +370,8 @@ def test_child_process_finds_the_fake_through_ld_library_path(fake_nvml):
 @pytest.mark.gpu
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is None, reason="no NVIDIA driver here")
 def test_real_gpu():
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    # ROOT first, the caller's path kept (where memd's dependencies were installed out of the way)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     env.pop("MEMD_FAKE_NVML_CONFIG", None)
     code = ("import json, dataclasses; from memd.sampling.nvml import Nvml; "
             "g, e = Nvml().sample(); print(json.dumps([dataclasses.asdict(x) for x in g]))")

@@ -199,31 +199,46 @@ def run_job(row: Row, method: str, steps: int, endpoint: Optional[str], extra: L
         run.killed = cg.oom_kills() > 0
         run.cgroup_peak_bytes = cg.peak_bytes()
         out.seek(0)
-        for line in out:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("e") == "step":
-                if "workers" in event:
-                    run.workers.append(event["workers"])
-                run.batches.append(event["batch"])
-                if "length" in event:
-                    run.lengths.append(event["length"])
-                run.seconds.append(event["t"])
-                run.hwm.append(event["hwm"])
-                run.reasons.append(event.get("reason") or "")
-            elif event.get("e") == "try":
-                run.last_try, run.last_length = event["batch"], event.get("length")
-            elif event.get("e") == "trial":
-                if not run.trials or run.trials[-1] != event["batch"]:
-                    run.trials.append(event["batch"])
-            elif event.get("e") == "oom":
-                run.oom_errors += 1
-            elif event.get("e") == "died":
-                run.oom_ended = True
+        read_events(run, out)
     run.wall_seconds = round(time.monotonic() - started, 1)
     return run
+
+
+def read_events(run: Run, lines) -> None:
+    """What a job's events say of its run. A step begun that neither ended nor was reported as
+    an out-of-memory error before the next began was one a finder caught: accelerate and
+    Lightning retry on nothing else. (On the CPU a finder's overshoot is a kill; on a GPU,
+    accelerate went 128 -> 58 in tenths, an error caught at each.)"""
+    begun = False  # a step began and has not ended
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        kind = event.get("e")
+        if kind == "step":
+            begun = False
+            if "workers" in event:
+                run.workers.append(event["workers"])
+            run.batches.append(event["batch"])
+            if "length" in event:
+                run.lengths.append(event["length"])
+            run.seconds.append(event["t"])
+            run.hwm.append(event["hwm"])
+            run.reasons.append(event.get("reason") or "")
+        elif kind == "try":
+            run.oom_errors += begun
+            begun = True
+            run.last_try, run.last_length = event["batch"], event.get("length")
+        elif kind == "trial":
+            begun = begun and "dt" not in event  # Lightning's search steps end in "trial"
+            if not run.trials or run.trials[-1] != event["batch"]:
+                run.trials.append(event["batch"])
+        elif kind == "oom":
+            begun = False
+            run.oom_errors += 1
+        elif kind == "died":
+            run.oom_ended = True
 
 
 PROBE_REPEATS = 1  # runs a batch must complete to fit (--probe-repeats)

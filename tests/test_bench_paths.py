@@ -165,3 +165,35 @@ def test_a_gpu_job_an_out_of_memory_error_ended_counts_as_an_error_not_a_kill():
     assert "| suggest | out of memory at 112 | 0 % | 1 | 0 |" in text
     assert "| accelerate | 64 | 71.1 % | 1 | 0 |" in text
     assert realjobs.pool_words(row) == "the 16.00 GiB another tenant leaves on its GPU"
+
+
+def test_a_step_a_finder_began_and_never_ended_was_an_out_of_memory_error_it_caught():
+    """accelerate's events on the H200 (bench/gpujobs.py): a trial at 128 whose first step never
+    ended, then 115, then a run at 103; a caught error the loop reported; Lightning's search
+    steps, which end in "trial"."""
+    from bench.realjobs import Run, read_events
+
+    events = [{"e": "trial", "batch": 128}, {"e": "try", "batch": 128},
+              {"e": "trial", "batch": 115}, {"e": "try", "batch": 115},
+              {"e": "trial", "batch": 103}] + [
+              e for i in range(2) for e in ({"e": "try", "batch": 103},
+                                            {"e": "step", "i": i, "batch": 103, "t": i, "hwm": 1})]
+    run = Run("accelerate")
+    read_events(run, [json.dumps(e) for e in events] + ["not json"])
+    assert (run.oom_errors, run.trials, run.batches) == (2, [128, 115, 103], [103, 103])
+
+    helpers = Run("helpers")
+    read_events(helpers, [json.dumps(e) for e in ({"e": "try", "batch": 90}, {"e": "oom", "batch": 90},
+                                                  {"e": "try", "batch": 67},
+                                                  {"e": "step", "i": 0, "batch": 67, "t": 1, "hwm": 1})])
+    assert helpers.oom_errors == 1  # reported once, not counted again when the next step begins
+
+    lightning = Run("lightning-power")
+    search = [{"e": "try", "batch": 64}, {"e": "trial", "i": 0, "batch": 64, "dt": 0.2}, {"e": "try", "batch": 128},
+              {"e": "try", "batch": 64}, {"e": "step", "i": 0, "batch": 64, "t": 3, "hwm": 1}]
+    read_events(lightning, [json.dumps(e) for e in search])
+    assert (lightning.oom_errors, lightning.trials) == (1, [64])
+
+    died = Run("suggest")
+    read_events(died, [json.dumps(e) for e in ({"e": "try", "batch": 90}, {"e": "died", "error": "out of memory"})])
+    assert (died.oom_errors, died.oom_ended, died.last_try) == (0, True, 90)

@@ -523,7 +523,7 @@ def table(results: List[Dict]) -> str:
 def _feasible_cell(result: Dict) -> str:
     found = result["feasible"]
     plain, steady = found.get("plain"), found.get("steady")
-    if plain is None or steady is None:
+    if plain is None or steady is None or result["row"].get("device") == "cuda":  # no C heap to hold on a GPU
         return str(found["batch"])
     long = found.get("long")  # what ran as long as the methods do (bench/composition.py --record)
     said = "; %s in %d steps" % (long_known(long), long["steps"]) if long else ""

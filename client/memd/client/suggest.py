@@ -22,10 +22,10 @@ def suggest_batch(default: int, **session_kwargs: Any) -> int:
     since the last call ran clean at the batch it suggested then, and the daemon measures what
     that step cost (the job's peak memory since the previous call), so the suggestions follow
     the job's real memory curve with no report from the caller. When the answer changes, the C
-    heap's free pages go back to the kernel first (``trim_heap``), so the new batch is not
-    charged for the old one's. One Session is created lazily per process (the first call's
-    keyword arguments configure it); ``memd.client.session()`` returns it, to report an
-    out-of-memory error with ``report_oom``.
+    heap's free pages and, on a GPU, PyTorch's cached blocks are given back first
+    (``trim_heap``), so the new batch is not charged for the old one's. One Session is created
+    lazily per process (the first call's keyword arguments configure it);
+    ``memd.client.session()`` returns it, to report an out-of-memory error with ``report_oom``.
 
     The batch is in whatever unit the step's memory follows: a job whose sequences vary in
     length from step to step asks for tokens (``default`` in tokens, say four of its longest

@@ -122,9 +122,10 @@ def guarded_step(session: Session, batch_size: int, device: Any = None) -> Itera
 
     On a CUDA device the peak is the caching allocator's reserved peak (what the device must
     hold); elsewhere it is left to the daemon, which measures the job's process tree. A step at
-    a batch size other than the last guarded step's first gives the C heap's free pages back to
-    the kernel (``trim_heap``). An OOM is swallowed after ``report_oom`` (which waits for the
-    daemon's smaller plan) and the cache is emptied; any other exception propagates. Under DDP
+    a batch size other than the last guarded step's first gives back what the old batch left
+    held (``trim_heap``: the C heap's free pages, PyTorch's cached CUDA blocks). An OOM is
+    swallowed after ``report_oom`` (which waits for the daemon's smaller plan) and the cache is
+    emptied; any other exception propagates. Under DDP
     an OOM on one rank leaves the others waiting in their collectives: there, stop the job
     rather than carry on.
     """

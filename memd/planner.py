@@ -389,13 +389,25 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
             if pid not in now:  # gone: a rebuilt loader forks new ones, which copy the same again
                 del memo.worker_reads[pid]
                 memo.worker_courses.pop(pid, None)
+                memo.worker_raw.pop(pid, None)
                 memo.worker_inherited = max(memo.worker_inherited, memo.worker_projected.pop(pid, 0))
         seen = []
         settled: List[Tuple[bool, float, int]] = []  # what the workers that levelled off say
+        levelled_before = memo.worker_level is not None and memo.worker_level[0]
         for pid, proc in list(now.items())[:MAX_WORKERS]:
             rss = proc.rss_bytes or 0
             held = proc.own_bytes
             reads = memo.worker_reads.setdefault(pid, collections.deque(maxlen=WORKER_READS))
+            if session.follows_workers and levelled_before and held is not None:
+                # A loader that follows the plan has its batches in flight costed apart, the one a
+                # worker builds among them (controller._in_flight): its worker is read at rest, the
+                # least of its latest three reads. Read as it built batches (376.0 and 373.6 MiB
+                # beside a level of 343.5), MemdLoader's worker was costed that again, what it
+                # reached and the rate it rose at, and the plan went 932 -> 902 and stayed there;
+                # the least of three never passed its level. A worker that grows shows in three.
+                raw = memo.worker_raw.setdefault(pid, collections.deque(maxlen=3))
+                raw.append(held)
+                held = min(raw)
             if len(reads) >= 2 and reads[-1][0] - reads[-2][0] < READ_GAP:
                 reads[-1] = (job.monotonic, proc.cpu_seconds, held)  # the latest, the older ones spaced
             else:

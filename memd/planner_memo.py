@@ -17,6 +17,8 @@ class PlannerMemo:
     # loader were on their way to, until a live one levels off; one worker's cost from these.
     worker_reads: Dict[int, Deque[Tuple[float, Optional[float], int]]] = field(default_factory=dict)
     worker_courses: Dict[int, List[Tuple[float, int]]] = field(default_factory=dict)  # (CPU s, USS), growth.keep
+    # Each live one's latest three USS as read, where worker_reads keeps a following loader's at rest
+    worker_raw: Dict[int, Deque[int]] = field(default_factory=dict)
     worker_projected: Dict[int, int] = field(default_factory=dict)
     worker_projected_last: Optional[int] = None  # the most any worker was projected to at the read before
     worker_inherited: int = 0

@@ -476,6 +476,39 @@ def test_workers_that_level_off_cost_their_level_and_fresh_ones_inherit_it():
         assert fresh.cost >= level * MiB, name
 
 
+def test_a_following_loaders_worker_building_a_batch_costs_its_level():
+    """MemdLoader's one worker at d817bff (docs/results.md, the loader's row): level 343.5 MiB,
+    read every 2 s; as it built batches two reads in a row came to 376.0 and 373.6 (216 s into
+    the run), and costed at what they reached (beside the
+    three batches in flight its loader is costed, the one it builds among them) the plan went
+    932 -> 902 and stayed. The least of its latest three reads never passed its level. A loop's
+    own loader has only its prefetch costed: there the read still counts; and a worker that does
+    grow past its level is costed what it holds once its latest reads show it at rest there."""
+    from memd.planner import worker_facts
+    from memd.sampling.snapshot import ProcessMemory
+    from memd.sessions import SessionRecord
+
+    def reads(follows, last):
+        session = SessionRecord(token="t", sid=1, job="j", pid=7, host="h", local=True, start_time=None,
+                                limits=Limits(num_workers=4), created=0.0, last_seen=0.0)
+        session.follows_workers = follows
+        facts = None
+        for i, uss in enumerate([343.5] * 40 + last):
+            procs = (ProcessMemory(7, 1, "trainer", 1600 * MiB, None, None),
+                     ProcessMemory(8, 7, "pt_data_worker", 700 * MiB, None, int(uss * MiB), anon_bytes=661 * MiB,
+                                   cpu_seconds=1.6 * i))
+            facts = worker_facts(session, JobMemory(pid=7, processes=procs, cgroup=None, errors=(),
+                                                    monotonic=100.0 + 2 * i), CFG)
+        return facts
+
+    assert reads(True, []).levelled and abs(reads(True, []).cost - 343.5 * MiB) < MiB
+    building = reads(True, [376.0, 373.6])
+    assert building.cost < 344 * MiB and (building.evident or 0) < 344 * MiB
+    assert reads(False, [376.0, 373.6]).cost >= 373 * MiB  # a loop's own loader: counted as before
+    assert reads(True, [360.0] * 3).cost < 344 * MiB  # at rest there in two reads of three: not yet
+    assert reads(True, [360.0] * 4).cost >= 360 * MiB
+
+
 def test_where_workers_level_off_is_read_off_their_course_before_they_get_there():
     """The same traces, each worker's USS against the CPU seconds it used (what it copies follows
     what it reads). Once its growth has halved (growth.level_of), its level is told within a few

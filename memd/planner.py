@@ -404,7 +404,7 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 # least of its latest three reads. Read as it built batches (376.0 and 373.6 MiB
                 # beside a level of 343.5), MemdLoader's worker was costed that again, what it
                 # reached and the rate it rose at, and the plan went 932 -> 902 and stayed there;
-                # the least of three never passed its level. A worker that grows shows in three.
+                # the least of three never passed its level. A worker that grows shows once it rests higher.
                 raw = memo.worker_raw.setdefault(pid, collections.deque(maxlen=3))
                 raw.append(held)
                 held = min(raw)

@@ -403,8 +403,8 @@ def worker_facts(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyCo
                 # worker builds among them (controller._in_flight): its worker is read at rest, the
                 # least of its latest three reads. Read building batches (376.1 and 376.0 MiB
                 # beside a level of 343.5, two reads of three), MemdLoader's worker was costed that
-                # again, and the plan went 932 -> 902 and stayed there;
-                # the least of three never passed its level. A worker that grows shows once it rests higher.
+                # again, and the plan went 932 -> 902 and stayed there; the least of three never
+                # passed its level. A worker that grows shows once it rests higher.
                 raw = memo.worker_raw.setdefault(pid, collections.deque(maxlen=3))
                 raw.append(held)
                 held = min(raw)

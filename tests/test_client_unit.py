@@ -322,9 +322,8 @@ def test_a_change_of_batch_empties_cudas_cache_and_a_step_does_not(monkeypatch):
 
     from memd.client import heap
 
-    calls = []
+    calls, initialized = [], [False]
     cuda = types.SimpleNamespace(is_initialized=lambda: initialized[0], empty_cache=lambda: calls.append("empty"))
-    initialized = [False]
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     heap.trim_heap()
     assert calls == []  # torch without CUDA set up: nothing of the GPU's to give back

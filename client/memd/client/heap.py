@@ -81,8 +81,8 @@ def trim_heap() -> bool:
     blocks stay in the allocator's reserved bytes and in what the driver counts for the process,
     the two peaks memd learns from on a GPU: on an H200 a job's steps at 70, 55 and 49 after 73
     each reported the 15.1 GiB reserved at 73 (14.3 GiB at 70 before it), the line through them
-    put more than the budget at batch 1, and the plan went 73 -> 1 in 16 steps (docs/results.md). False
-    where there is no malloc_trim. Never raises."""
+    put more than the budget at batch 1, and the plan went 73 -> 1 in 16 steps
+    (docs/results.md). False where there is no malloc_trim. Never raises."""
     _release_cuda_cache()
     return _trim_c_heap()
 

@@ -125,9 +125,8 @@ def guarded_step(session: Session, batch_size: int, device: Any = None) -> Itera
     a batch size other than the last guarded step's first gives back what the old batch left
     held (``trim_heap``: the C heap's free pages, PyTorch's cached CUDA blocks). An OOM is
     swallowed after ``report_oom`` (which waits for the daemon's smaller plan) and the cache is
-    emptied; any other exception propagates. Under DDP
-    an OOM on one rank leaves the others waiting in their collectives: there, stop the job
-    rather than carry on.
+    emptied; any other exception propagates. Under DDP an OOM on one rank leaves the others
+    waiting in their collectives: there, stop the job rather than carry on.
     """
     outcome = StepOutcome()
     if _last_batch.get(session, batch_size) != batch_size:

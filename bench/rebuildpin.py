@@ -38,6 +38,7 @@ def inherited(pid: int) -> List[str]:
             found.append(path)
     return found
 
+
 ARM = r"""
 import json, os, sys
 sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]

@@ -75,6 +75,16 @@ def test_a_growing_batch_keeps_the_workers_and_a_shrinking_one_rebuilds():
     assert 19 in sizes and 5 in sizes and sizes[-2:] != [19, 19], sizes  # both cuts reached the loader
 
 
+def test_a_new_epoch_takes_a_small_change_without_a_rebuild():
+    """At an epoch's first batch as between two others: growth and a small cut keep the workers
+    (a rebuild forks new ones that copy the dataset again). Before, a new size there rebuilt."""
+    session = ScriptedSession([20] * 11 + [19] * 11 + [25])  # 203 samples: 11 batches of 20
+    loader = MemdLoader(Numbers(), session, shuffle=True, report=False)
+    epochs = [[len(batch) for batch in loader] for _ in range(3)]
+    assert loader.builds == 1, epochs
+    assert set(epochs[0][:-1]) == {20} and set(epochs[1][2:-1]) == {19} and 25 in epochs[2], epochs
+
+
 class Wide(torch.utils.data.Dataset):
     def __len__(self):
         return 400

@@ -113,11 +113,11 @@ class MemdLoader:
         while position < len(order):
             plan = self._next_plan()
             config = (plan.batch_size, plan.num_workers, plan.prefetch_factor if plan.num_workers else None)
-            if self._loader is not None and batches is not None and self._config is not None \
+            if self._loader is not None and self._config is not None \
                     and config[1:] == self._config[1:] and config[0] >= SMALL_CUT * self._config[0]:
-                # Growth, or a small cut: the next batches handed out take the new size; the
-                # workers, and what each has copied of the dataset, stay (a rebuild forks new ones
-                # that copy it again).
+                # Growth, or a small cut, here or at an epoch's first batch: the next batches
+                # handed out take the new size; the workers, and what each has copied of the
+                # dataset, stay (a rebuild forks new ones that copy it again).
                 self._chunks.size, self._config = config[0], config
             if self._loader is None or config != self._config or batches is None:
                 if self._loader is not None and config != self._config:

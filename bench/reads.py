@@ -1,9 +1,11 @@
 """What a running job holds, read every half second: its trainer, each of its workers, its group.
 
 One JSON line per read, in MiB: the trainer's VmHWM, VmRSS, RssAnon, RssFile and RssShmem
-(/proc/PID/status), each child's private pages (/proc/PID/smaps_rollup), RssShmem and CPU seconds
-(/proc/PID/stat), the group's memory.stat (v1: cache, rss, shmem, mapped_file, active_file,
-inactive_file; pgmajfault and workingset_refault_file as counts) with its usage. Read by the
+(/proc/PID/status), each child's private pages (/proc/PID/smaps_rollup) and the part of them in
+its C heap (``heap``: [heap] in /proc/PID/smaps), RssShmem and CPU seconds (/proc/PID/stat), the
+group's memory.stat (v1: cache, rss, shmem, mapped_file, active_file, inactive_file; pgmajfault
+and workingset_refault_file as counts) with its usage and the kernel's high-water mark of it
+(``peak``: memory.max_usage_in_bytes, since the group was made). Read by the
 benchmark itself, beside the job. With an endpoint, each line also holds memd's view of the job
 at that moment (``memd``: its session's budget, predicted peak and plan, from `status`): what
 memd decided on, kept apart from what was measured.
@@ -35,7 +37,7 @@ GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
 COUNTS = ("pgmajfault", "workingset_refault_file")
 
 
-def status(pid: int) -> dict:
+def status(pid: int, heap: bool = False) -> dict:
     out: dict = {}
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -46,12 +48,27 @@ def status(pid: int) -> dict:
         with open("/proc/%d/smaps_rollup" % pid) as f:
             out["private"] = sum(int(line.split()[1]) for line in f
                                  if line.startswith(("Private_Clean:", "Private_Dirty:"))) // 1024
+        if heap:
+            out["heap"] = heap_private(pid)
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rpartition(")")[2].split()
         out["cpu"] = round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)  # utime + stime
     except OSError:
         pass  # it exited between the listing and the read
     return out
+
+
+def heap_private(pid: int) -> int:
+    """MiB of ``pid``'s private pages in its C heap (glibc's brk arena, [heap] in smaps)."""
+    kib, where = 0, None
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            parts = line.split()
+            if parts and not parts[0].endswith(":"):  # a mapping's first line: its range, ..., its name
+                where = parts[5] if len(parts) > 5 else ""
+            elif where == "[heap]" and parts[0] in ("Private_Clean:", "Private_Dirty:"):
+                kib += int(parts[1])
+    return kib // 1024
 
 
 def group(path: str) -> dict:
@@ -66,6 +83,8 @@ def group(path: str) -> dict:
                     out[key] = int(value)
         with open(os.path.join(path, "memory.usage_in_bytes")) as f:
             out["usage"] = int(f.read()) >> 20
+        with open(os.path.join(path, "memory.max_usage_in_bytes")) as f:
+            out["peak"] = int(f.read()) >> 20
     except OSError:
         pass  # v2 names these otherwise: this reads v1 only
     return out
@@ -76,7 +95,7 @@ def children(pid: int) -> List[int]:
 
 
 def read(pid: int, group_path: str, started: float) -> dict:
-    return dict(t=round(time.monotonic() - started, 1), trainer=status(pid), workers=[status(k) for k in children(pid)],
+    return dict(t=round(time.monotonic() - started, 1), trainer=status(pid), workers=[status(k, heap=True) for k in children(pid)],
                 group=group(group_path))
 
 

@@ -1,7 +1,7 @@
 """Real training on a real GPU: the largest batch that fits in what another tenant leaves free,
 memd beside the peers.
 
-    python bench/gpujobs.py [--free-gib 16] [--steps 60] [--out DIR]
+    python bench/gpujobs.py [--free-gib 16] [--steps 60] [--out DIR] [--log-reads]
 
 bench/realjobs.py's row on a discrete GPU: the same probes, methods, table and plot. A tenant
 process takes all of the GPU's memory but --free-gib (another job on a shared device), and each
@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     parser.add_argument("--probe-steps", type=int, default=5, help="steps per probing run")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a method's run may take")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "gpu"))
+    parser.add_argument("--log-reads", action="store_true",
+                        help="DIR/reads/<row>-<method>.jsonl: memd's view of each method's job every half "
+                             "second (its budget, predicted peak, measured peak and plan's reason)")
     args = parser.parse_args(argv)
     import torch
 
@@ -109,7 +112,10 @@ def main(argv=None) -> int:
             log("memd sees %s: %.2f GiB total, %.2f used, processes %s" % (
                 gpu.get("name"), (gpu.get("total_bytes") or 0) / GiB, (gpu.get("used_bytes") or 0) / GiB,
                 [(p["pid"], round((p.get("used_bytes") or 0) / GiB, 2)) for p in gpu.get("processes") or []]))
-        result = bench_row(row, methods, args.steps, args.probe_steps, daemon, log)
+        reads = os.path.join(args.out, "reads") if args.log_reads else None
+        if reads:
+            os.makedirs(reads, exist_ok=True)
+        result = bench_row(row, methods, args.steps, args.probe_steps, daemon, log, reads=reads)
         for run in result["runs"]:
             run["commit"] = meta["commit"]
         result.update(tenant=tenant.held, memd_view=view)

@@ -71,8 +71,10 @@ def heap_private(pid: int) -> int:
     return kib // 1024
 
 
-def group(path: str) -> dict:
+def group(path: Optional[str]) -> dict:
     out: dict = {}
+    if path is None:  # a GPU row's job: no cgroup of its own
+        return out
     try:
         with open(os.path.join(path, "memory.stat")) as f:
             for line in f:
@@ -94,9 +96,9 @@ def children(pid: int) -> List[int]:
     return [int(k) for k in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
 
 
-def read(pid: int, group_path: str, started: float) -> dict:
-    return dict(t=round(time.monotonic() - started, 1), trainer=status(pid), workers=[status(k, heap=True) for k in children(pid)],
-                group=group(group_path))
+def read(pid: int, group_path: Optional[str], started: float) -> dict:
+    return dict(t=round(time.monotonic() - started, 1), trainer=status(pid),
+                workers=[status(k, heap=True) for k in children(pid)], group=group(group_path))
 
 
 def memd_view(endpoint: str, pid: int) -> Optional[dict]:
@@ -124,7 +126,8 @@ def memd_view(endpoint: str, pid: int) -> Optional[dict]:
 class Reader:
     """Reads a running job into the file ``path`` every ``every`` seconds, in a thread, until stopped."""
 
-    def __init__(self, pid: int, group_path: str, path: str, every: float = 0.5, endpoint: Optional[str] = None):
+    def __init__(self, pid: int, group_path: Optional[str], path: str, every: float = 0.5,
+                 endpoint: Optional[str] = None):
         self.pid, self.group_path, self.every, self.endpoint = pid, group_path, every, endpoint
         self.out = open(path, "w")
         self.started = time.monotonic()

@@ -155,6 +155,45 @@ def test_its_workers_keep_sharing_what_they_were_forked_with_through_a_collectio
     assert copied["unfrozen"] > 30 and copied["memd"] < 3, copied
 
 
+class Scratch(torch.utils.data.Dataset):
+    """Each sample frees most of what it allocates in the worker's C heap, one block of it kept
+    above the rest (a long-lived allocation), so the freed blocks are holes the heap's top
+    cannot give back."""
+
+    kept = []
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        blocks = [bytes(4096) for _ in range(2000)]  # 8 MiB, below any mmap threshold: the heap
+        Scratch.kept.append(bytes(4096))
+        del blocks
+        time.sleep(0.02)
+        return torch.tensor([i])
+
+
+def _heap_mib(pid):
+    from bench.reads import heap_private
+    return heap_private(pid)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads a worker's heap in /proc")
+def test_its_workers_give_their_heaps_free_pages_back():
+    """A worker's freed blocks stay resident in its C heap unless it is trimmed; MemdLoader's
+    workers trim after each batch they collate. Measured once each worker has built its last
+    batch of the epoch (nothing more to build), beside a plain DataLoader's."""
+    plain = torch.utils.data.DataLoader(Scratch(), batch_size=2, num_workers=1, prefetch_factor=1,
+                                        persistent_workers=True)
+    batches = iter(plain)
+    assert [len(b) for b in batches] == [2] * 4
+    held = _heap_mib(batches._workers[0].pid)
+    loader = MemdLoader(Scratch(), ScriptedSession([2], workers=1), report=False)
+    assert [len(b) for b in loader] == [2] * 4
+    trimmed = _heap_mib(loader._loader._iterator._workers[0].pid)
+    assert held >= 7 and trimmed <= 2, (held, trimmed)
+
+
 def test_a_job_with_no_hint_gets_workers(memd):
     """No num_workers anywhere: the DataLoader's own suggestion, as many as the CPUs it may use."""
     with client.Session("loader-default", endpoint=memd.endpoint, timeout=1.0, default_batch=4) as s:

@@ -173,6 +173,22 @@ class Scratch(torch.utils.data.Dataset):
         return torch.tensor([i])
 
 
+class Samples(torch.utils.data.Dataset):
+    """Samples of 4 KiB, in the worker's C heap; the last of each batch of 1,000 leaves a block
+    of its own above them (a long-lived allocation), so the heap's top cannot give them back."""
+
+    kept = []
+
+    def __len__(self):
+        return 4000
+
+    def __getitem__(self, i):
+        if i % 1000 == 999:
+            Samples.kept.append(bytes(4096))
+            time.sleep(0.05)  # a batch that takes a while to build: a trim is cheap beside it
+        return torch.full((1024,), float(i))
+
+
 def _heap_mib(pid):
     from bench.reads import heap_private
     return heap_private(pid)
@@ -192,6 +208,21 @@ def test_its_workers_give_their_heaps_free_pages_back():
     assert [len(b) for b in loader] == [2] * 4
     trimmed = _heap_mib(loader._loader._iterator._workers[0].pid)
     assert held >= 7 and trimmed <= 2, (held, trimmed)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads a worker's heap in /proc")
+def test_its_workers_free_a_batchs_samples_before_they_trim():
+    """A batch's samples are freed once collated, not after the trim: the 4 MiB of samples of
+    each batch of 1,000, pinned under a block one of them keeps, go back to the kernel."""
+    plain = torch.utils.data.DataLoader(Samples(), batch_size=1000, num_workers=1, prefetch_factor=1,
+                                        persistent_workers=True)
+    batches = iter(plain)
+    assert [len(b) for b in batches] == [1000] * 4
+    held = _heap_mib(batches._workers[0].pid)
+    loader = MemdLoader(Samples(), ScriptedSession([1000], workers=1), report=False)
+    assert [len(b) for b in loader] == [1000] * 4
+    trimmed = _heap_mib(loader._loader._iterator._workers[0].pid)
+    assert held >= 5 and trimmed <= 2, (held, trimmed)
 
 
 def test_a_job_with_no_hint_gets_workers(memd):

@@ -200,14 +200,16 @@ class MemdLoader:
 
 
 class _TrimmingCollate:
-    """The loader's collate_fn, after which a worker gives its C heap's free pages back to the
-    kernel (while that costs at most 5 % of the time between its batches: StepTrimmer). What a
-    worker frees as it builds batches stays resident in its heap, in holes its next batches may
-    not fill: beside a trainer, MemdLoader's one worker on the benchmark's workers job held 8 MiB
-    in its heap at 100 s and 32 at 360 s, while its copy of the dataset held 312 throughout, and
-    memd's plan, counting the worker at what it holds, gave way as it grew. Building 130 batches
-    of 927-954 with no step trained, a worker's heap went 13 -> 24 MiB as it was, 13 -> 17
-    trimmed after each batch. In the trainer (no worker) the session trims after each step."""
+    """The loader's collate_fn, after which a worker frees the batch's samples (copied into the
+    batch by the default collate) and gives its C heap's free pages back to the kernel (while
+    that costs at most 5 % of the time between its batches: StepTrimmer). Left to the worker, a
+    batch's samples are freed after the collate returns, into holes under whatever the worker
+    allocated after them, and stay resident: beside a trainer, the benchmark loader's one worker
+    held 8 MiB in its heap at 90 s and 32 at 480 s (its copy of the dataset flat at 312), 29 of
+    them past the heap it was forked with and nearly all float32 sample data, one batch of 954
+    samples of 32 KiB; memd, costing the worker at what it held, cut the batch 955 -> 924. A
+    trim after the collate alone changed nothing there: the samples were still alive. In the
+    trainer (no worker) the session trims after each step."""
 
     def __init__(self, collate: Any = None):
         self.collate = collate
@@ -218,6 +220,8 @@ class _TrimmingCollate:
 
         batch = (self.collate or data.default_collate)(samples)
         if data.get_worker_info() is not None:
+            if self.collate is None and isinstance(samples, list) and batch is not samples:
+                samples.clear()  # copied into the batch: freed now, before the trim, not after it
             if self._trimmer is None:
                 self._trimmer = StepTrimmer()
             self._trimmer.step_ended()

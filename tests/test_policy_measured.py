@@ -1719,3 +1719,35 @@ def test_a_following_loaders_queue_is_its_workers_whatever_batch_filled_it():
             int(59.8 * MiB), int(high * MiB))
     # A loop's loader at its 2 slots: more than they hold is something else's, as before.
     assert _queue(Limits(num_workers=4), replace(at_933, follows=False, queued_high=int(59.8 * MiB))) == (0, 0)
+
+
+def test_a_following_loader_grows_by_less_than_min_gain(monkeypatch):
+    """MemdLoader at 6c4e2a8 beside one worker (level 317.3 MiB, read at 342.1 as it built a
+    batch), 89.8 s in: its group used 1840 MiB of 2048, its trainer held 1596 and peaked at
+    1691.8 at batch 938, and "keeping 938: 958 would fit, a gain under 3 %" held for the rest of
+    the run. A larger batch reaches such a loader's workers without a rebuild, so its growth
+    goes by FOLLOWING_GAIN (1 %), not min_gain; under 1 % it still waits."""
+    from memd.policy import controller
+    from memd.policy.budget import Pool
+
+    sample = 29.3 * MiB / 938  # a batch of 938 records of 32 KiB
+    reports = [Observation(92, 734 * MiB, warmup=True)] + [Observation(80, int(785.6 * MiB))] * 20
+    for batch, peak in ((160, 870.5), (320, 1039.5), (640, 1375.6), (892, 1640.8)):
+        reports += [Observation(batch, int((peak - 0.5) * MiB), settling=True), Observation(batch, int(peak * MiB))]
+    reports += [Observation(938, int((1691.7 + i % 3 * 0.1) * MiB)) for i in range(12)]
+    curve = fit(reports, kills=True)
+
+    def plan(used_mib):
+        facts = WorkerFacts(cpus=2, uss=(int(342.1 * MiB),), cost=int(317.3 * MiB), running=1, newest=1,
+                            batch_bytes=int(938 * sample), batch_size=938, queued=0, queued_high=int(29.3 * MiB),
+                            level=int(317.3 * MiB), levelled=True, follows=True)
+        pool = Pool("host", "cpu", 2 * GiB, int((2048 - used_mib) * MiB), 1596 * MiB, 20 * MiB)
+        return decide(curve, pool, Limits(num_workers=4), ControlState(batch=938), "ok", CFG, workers=facts,
+                      latest_batch=938, latest_peak=int(1691.8 * MiB)).plan
+
+    grown = plan(1840.4)
+    assert 938 < grown.batch_size <= 958 and grown.num_workers == 1, grown.reason
+    small = plan(1850)  # 9 MiB less room: under 1 % more
+    assert small.batch_size == 938 and "a gain under 1 %" in small.reason, small.reason
+    monkeypatch.setattr(controller, "FOLLOWING_GAIN", CFG.min_gain)  # as before
+    assert plan(1840.4).batch_size == 938

@@ -207,9 +207,10 @@ class _TrimmingCollate:
     allocated after them, and stay resident: beside a trainer, the benchmark loader's one worker
     held 8 MiB in its heap at 90 s and 32 at 480 s (its copy of the dataset flat at 312), 29 of
     them past the heap it was forked with and nearly all float32 sample data, one batch of 954
-    samples of 32 KiB; memd, costing the worker at what it held, cut the batch 955 -> 924. A
-    trim after the collate alone changed nothing there: the samples were still alive. In the
-    trainer (no worker) the session trims after each step."""
+    samples of 32 KiB; memd, costing the worker at what it held, cut the batch 955 -> 921. A
+    trim after the collate alone changed nothing there: the samples were still alive. Dropped
+    first, the worker's heap held 3-4 MiB between batches. In the trainer (no worker) the
+    session trims after each step."""
 
     def __init__(self, collate: Any = None):
         self.collate = collate

@@ -189,24 +189,24 @@ class Samples(torch.utils.data.Dataset):
         return torch.full((1024,), float(i))
 
 
-def _heap_mib(pid):
+def worker_heaps(dataset, batch):
+    """MiB in the C heap of a plain DataLoader's one worker, then of MemdLoader's, each read once
+    the worker has built its last batch of the epoch (nothing more to build)."""
     from bench.reads import heap_private
-    return heap_private(pid)
+
+    plain = iter(torch.utils.data.DataLoader(dataset, batch_size=batch, num_workers=1, prefetch_factor=1,
+                                             persistent_workers=True))
+    assert [len(b) for b in plain] == [batch] * (len(dataset) // batch)
+    loader = MemdLoader(dataset, ScriptedSession([batch], workers=1), report=False)
+    assert [len(b) for b in loader] == [batch] * (len(dataset) // batch)
+    return heap_private(plain._workers[0].pid), heap_private(loader._loader._iterator._workers[0].pid)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads a worker's heap in /proc")
 def test_its_workers_give_their_heaps_free_pages_back():
     """A worker's freed blocks stay resident in its C heap unless it is trimmed; MemdLoader's
-    workers trim after each batch they collate. Measured once each worker has built its last
-    batch of the epoch (nothing more to build), beside a plain DataLoader's."""
-    plain = torch.utils.data.DataLoader(Scratch(), batch_size=2, num_workers=1, prefetch_factor=1,
-                                        persistent_workers=True)
-    batches = iter(plain)
-    assert [len(b) for b in batches] == [2] * 4
-    held = _heap_mib(batches._workers[0].pid)
-    loader = MemdLoader(Scratch(), ScriptedSession([2], workers=1), report=False)
-    assert [len(b) for b in loader] == [2] * 4
-    trimmed = _heap_mib(loader._loader._iterator._workers[0].pid)
+    workers trim after each batch they collate."""
+    held, trimmed = worker_heaps(Scratch(), 2)
     assert held >= 7 and trimmed <= 2, (held, trimmed)
 
 
@@ -214,14 +214,7 @@ def test_its_workers_give_their_heaps_free_pages_back():
 def test_its_workers_free_a_batchs_samples_before_they_trim():
     """A batch's samples are freed once collated, not after the trim: the 4 MiB of samples of
     each batch of 1,000, pinned under a block one of them keeps, go back to the kernel."""
-    plain = torch.utils.data.DataLoader(Samples(), batch_size=1000, num_workers=1, prefetch_factor=1,
-                                        persistent_workers=True)
-    batches = iter(plain)
-    assert [len(b) for b in batches] == [1000] * 4
-    held = _heap_mib(batches._workers[0].pid)
-    loader = MemdLoader(Samples(), ScriptedSession([1000], workers=1), report=False)
-    assert [len(b) for b in loader] == [1000] * 4
-    trimmed = _heap_mib(loader._loader._iterator._workers[0].pid)
+    held, trimmed = worker_heaps(Samples(), 1000)
     assert held >= 5 and trimmed <= 2, (held, trimmed)
 
 

@@ -491,14 +491,15 @@ SETTLED = 0.1
 BEFORE_LEVEL_GAIN = 0.25
 # Growth of a loader that follows the plan (MemdLoader) must gain this much, not min_gain: it
 # takes a larger batch without a rebuild, its workers keep what they copied, and a new size costs
-# the trainer about 1 MiB (oneDNN's per-shape cache, bench/shapecost.py). It must still clear the
-# read-to-read spread of what fits: held at 921, the benchmark's loader read 936-948 as fitting
-# over 160 s. At min_gain it sat 2-3 % below what fit (921 where 948 did, 938 where 958 did).
+# the trainer about 1 MiB (oneDNN's per-shape cache, bench/shapecost.py); a move of a few samples
+# still waits. At min_gain the benchmark's loader sat 2-3 % below what fit: at 921 where 948 did,
+# at 938 where 958 did for the 290 s that run went on.
 FOLLOWING_GAIN = 0.01
 
 
 def _growth_gain(workers: Optional[WorkerFacts], cfg: PolicyConfig) -> float:
     return min(cfg.min_gain, FOLLOWING_GAIN) if workers is not None and workers.follows else cfg.min_gain
+
 
 # Seed 000's worker table for unified machines, used before any worker is measured.
 _UNIFIED_WORKER_TABLE = ((128e9, 4), (64e9, 2), (0, 0))

@@ -66,7 +66,7 @@ def heap_private(pid: int) -> int:
             parts = line.split()
             if parts and not parts[0].endswith(":"):  # a mapping's first line: its range, ..., its name
                 where = parts[5] if len(parts) > 5 else ""
-            elif where == "[heap]" and parts[0] in ("Private_Clean:", "Private_Dirty:"):
+            elif where == "[heap]" and parts and parts[0] in ("Private_Clean:", "Private_Dirty:"):
                 kib += int(parts[1])
     return kib // 1024
 

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Iterator, List, Optional
+from typing import IO, Iterator, List, Optional, Tuple
 
 STATUS = ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem")
 GROUP = ("cache", "rss", "shmem", "mapped_file", "active_file", "inactive_file")
@@ -58,17 +58,27 @@ def status(pid: int, heap: bool = False) -> dict:
     return out
 
 
-def heap_private(pid: int) -> int:
-    """MiB of ``pid``'s private pages in its C heap (glibc's brk arena, [heap] in smaps)."""
-    kib, where = 0, None
+def smaps_private(pid: int) -> Tuple[int, int]:
+    """(KiB private in the C heap, KiB private elsewhere) of one process: glibc's brk arena is
+    [heap] in /proc/PID/smaps."""
+    heap = rest = 0
+    where = None
     with open("/proc/%d/smaps" % pid) as f:
         for line in f:
             parts = line.split()
-            if parts and not parts[0].endswith(":"):  # a mapping's first line: its range, ..., its name
+            if parts and "-" in parts[0] and not parts[0].endswith(":"):  # a mapping: range, ..., name
                 where = parts[5] if len(parts) > 5 else ""
-            elif where == "[heap]" and parts and parts[0] in ("Private_Clean:", "Private_Dirty:"):
-                kib += int(parts[1])
-    return kib // 1024
+            elif parts and parts[0] in ("Private_Clean:", "Private_Dirty:"):
+                if where == "[heap]":
+                    heap += int(parts[1])
+                else:
+                    rest += int(parts[1])
+    return heap, rest
+
+
+def heap_private(pid: int) -> int:
+    """MiB of ``pid``'s private pages in its C heap."""
+    return smaps_private(pid)[0] // 1024
 
 
 def group(path: Optional[str]) -> dict:

@@ -518,8 +518,8 @@ def method_lightning(shape: Shape, args, mode: str) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="memd-lightning-") as root:  # the finder writes a checkpoint there
-        trainer = pl.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, max_steps=args.steps, callbacks=[Finder(mode=mode)],
-                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        trainer = pl.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, max_steps=args.steps,
+                             callbacks=[Finder(mode=mode)], logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, default_root_dir=root)
         trainer.fit(Module())
 

@@ -27,18 +27,9 @@ M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 
 def private(pid: int) -> tuple:
     """(MiB private in the C heap, MiB private elsewhere) of one process."""
-    heap = rest = 0
-    where = None
-    with open("/proc/%d/smaps" % pid) as f:
-        for line in f:
-            parts = line.split()
-            if parts and "-" in parts[0] and not parts[0].endswith(":"):
-                where = parts[5] if len(parts) > 5 else ""
-            elif parts and parts[0] in ("Private_Clean:", "Private_Dirty:"):
-                if where == "[heap]":
-                    heap += int(parts[1])
-                else:
-                    rest += int(parts[1])
+    from bench.reads import smaps_private
+
+    heap, rest = smaps_private(pid)
     return round(heap / 1024, 1), round(rest / 1024, 1)
 
 

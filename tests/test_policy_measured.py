@@ -1751,3 +1751,32 @@ def test_a_following_loader_grows_by_less_than_min_gain(monkeypatch):
     assert small.batch_size == 938 and "a gain under 1 %" in small.reason, small.reason
     monkeypatch.setattr(controller, "FOLLOWING_GAIN", CFG.min_gain)  # as before
     assert plan(1840.4).batch_size == 938
+
+
+def test_a_following_loader_keeps_the_worker_count_its_last_plan_kept():
+    """MemdLoader at 56a29bc, its batch at 32 (peaks 733.9 MiB) before its ramp, its workers
+    costed 344.1 MiB each: 3 of them left the batch within a few samples of half what the group
+    allows with none. At 22.5 s three fresh workers (69-76 MiB, copying) ran as planned, yet the
+    median of the counts read within 30 s was 1, and 3 had to clear half by min_gain: the plan
+    went to 2. At 24.2 s the two fresh ones had been counted once, no count held, and the plan
+    went back to 3. It went 3 -> 2 -> 3 -> 2 -> 3 in 20 s, each a rebuild whose fresh workers
+    started their copying over. The count the last plan kept is the one that stays."""
+    from memd.policy.budget import Pool
+
+    curve = fit([Observation(32, 730 * MiB, warmup=True)] + [Observation(32, int(733.9 * MiB))] * 20, kills=True)
+    pool = Pool("host", "cpu", 2 * GiB, GiB, 733 * MiB, 20 * MiB)
+
+    def plan(own, budget_mib, planned, **read):
+        facts = WorkerFacts(cpus=2, uss=tuple(int(u * MiB) for u in own), cost=int(344.1 * MiB),
+                            evident=int(max(own) * MiB), running=1, newest=len(own), batch_bytes=MiB, batch_size=32,
+                            queued=3 * MiB, queued_high=3 * MiB, level=int(318.6 * MiB), follows=True, **read)
+        return decide(curve, pool, Limits(default_batch=32, num_workers=4), ControlState(batch=32, workers=planned),
+                      "ok", CFG, workers=facts, latest_batch=32, latest_peak=int(733.9 * MiB),
+                      budget_bytes=int(budget_mib * MiB)).plan
+
+    three = dict(own=(75.1, 75.6, 69.4), budget_mib=1908.7, copying=int(426.7 * MiB))  # 22.5 s
+    two = dict(own=(55.5, 54.2), budget_mib=2022.1, count_held=False)  # 24.2 s
+    assert plan(planned=3, **three).num_workers == 3
+    assert plan(planned=2, **two).num_workers == 2
+    # Read off the processes, as before: the count flips at each read.
+    assert (plan(planned=None, **three).num_workers, plan(planned=None, **two).num_workers) == (2, 3)

@@ -96,6 +96,7 @@ class ControlState:
     # The batch's budget at each of its workers' latest reads (the read, the lowest budget at it):
     # a cut under min_gain beside workers goes by a budget that lasts (_lasting).
     budgets: Tuple[Tuple[float, int], ...] = ()
+    workers: Optional[int] = None  # the workers the last plan kept beside the batch (_beside_workers)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig
     if state.ceiling is not None:
         ceiling = min(ceiling, state.ceiling)
     cut = max(limits.min_batch, int(batch * (1 - cfg.oom_cut)))
-    return ControlState(batch=min(cut, ceiling), ceiling=ceiling, stable=0, critical_cut=state.critical_cut)
+    return ControlState(batch=min(cut, ceiling), ceiling=ceiling, stable=0, critical_cut=state.critical_cut,
+                        workers=state.workers)
 
 
 def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: ControlState, level: str,
@@ -147,7 +149,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     if budget is not None and curve is not None and pool is not None and pool.kind != "discrete" and workers:
         as_they_are = budget + workers.growth if workers.uss else None
         budget, kept, unproven = _beside_workers(limits, workers, curve, budget, grow_dip, current or latest_batch,
-                                                 cfg.min_gain)
+                                                 cfg.min_gain, state.workers)
     budgets = state.budgets
     if workers is not None and workers.read is not None and budget is not None:
         budgets = _lasting(budgets, workers.read, budget)
@@ -261,7 +263,8 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     cut_on = state.cut_on
     if workers is not None and as_they_are is not None and current is not None and batch < current:
         cut_on = workers.read
-    new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap, cut_on=cut_on, budgets=budgets)
+    new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap, cut_on=cut_on, budgets=budgets,
+                       workers=state.workers if kept is None else kept)
     return Decision(plan, new_state, budget, predicted, at_ceiling, pool_budget)
 
 
@@ -570,7 +573,8 @@ def _in_flight(prefetch: int, facts: WorkerFacts) -> int:
 
 
 def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: int, dip: int = 0,
-                    batch: Optional[int] = None, gain: float = 0.0) -> Tuple[int, Optional[int], Optional[int]]:
+                    batch: Optional[int] = None, gain: float = 0.0,
+                    planned: Optional[int] = None) -> Tuple[int, Optional[int], Optional[int]]:
     """(the batch's budget, the workers kept beside it, None before a worker is measured; the
     largest batch the workers' projection allows, where it stops growth but may not cut).
 
@@ -580,11 +584,11 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     accumulation keeps the effective batch; a loader with no worker leaves the loop waiting on
     its data: batch first, the benchmark's loader that asked for 4 ended with 0). The batch then
     gets the rest. Decided after the batch, the count flipped 1, 0, 1 as the batch's peaks moved.
-    For a loader that follows the plan, the count it runs stays while it leaves the batch within
-    ``gain`` (min_gain) of that half, and another must clear it by as much: the benchmark's
-    MemdLoader, its batch beside 2 workers within a few samples of half, went 983 beside 1 ->
-    680 beside 2 -> 956 beside 1 twice in 440 s, each a rebuild whose fresh workers copied the
-    dataset again.
+    For a loader that follows the plan, the count the last plan kept (``planned``) stays while it
+    leaves the batch within ``gain`` (min_gain) of that half, and another must clear it by as
+    much: the benchmark's MemdLoader, its batch beside 2 workers within a few samples of half,
+    went 983 beside 1 -> 680 beside 2 -> 956 beside 1 twice in 440 s, each a rebuild whose fresh
+    workers copied the dataset again.
 
     Until the workers show where they level off, each is projected up to the anonymous memory it
     maps, which may leave no batch at all: the benchmark's loop with four workers copying a
@@ -629,7 +633,12 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         fits = largest(lambda b: curve.max_batch(left(kept, each, b) - less) >= b, near=batch or None)
         return left(kept, each, max(1, fits)) - less
 
-    running = _running(facts) if facts.follows and facts.count_held else None
+    # Not the count read off its processes, which lags: their median within the horizon said 1
+    # while it ran 3, and a fresh loader's count holds for no read or two. The benchmark's
+    # MemdLoader went 3 -> 2 -> 3 -> 2 -> 3 in 20 s on it, each a rebuild whose fresh workers
+    # started their copying over, before it had grown its batch once.
+    running = None if not facts.follows else planned if planned is not None else \
+        _running(facts) if facts.count_held else None
 
     def enough(k: int) -> bool:
         bar = half if running is None else half * (1 - gain) if k <= running else half * (1 + gain)

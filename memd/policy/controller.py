@@ -162,7 +162,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
         outgrown = latest_batch == current and curve.kills
         clear = _clear_of(curve, latest_peak, budget, current) if outgrown else current
         limit, reason, cap = _steady(limit, reason, current, outgrown, settling, cap, budget, cfg, clear, curve.noise,
-                                     _growth_gain(workers, cfg, pool is not None and pool.kind == "discrete"))
+                                     _growth_gain(workers, cfg))
         spare = pool.spare_bytes if pool is not None else 0
         lasting = max([budget] + [b for _, b in budgets])
         if (workers is not None and workers.uss and outgrown and latest_peak is not None
@@ -370,7 +370,7 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
     job's peaks (a CNN's from 991 to 1121 MiB in eight), but with glibc's heap held steady
     (memd.client.heap) six small moves raised the CNN's peak at 700 by 6 MiB (1060 -> 1066), and
     the 3 % left the two-workers job at 605 where 623 fit. ``gain``: what growth must gain,
-    min_gain unless given (CHEAP_GAIN). Returns (limit, reason, cap)."""
+    min_gain unless given (FOLLOWING_GAIN). Returns (limit, reason, cap)."""
     gain = cfg.min_gain if gain is None else gain
     if limit > current:
         if settling:
@@ -492,21 +492,16 @@ SETTLED = 0.1
 # Until a worker levels off, growth beside workers that a change of batch restarts must gain this
 # much (_growth_beside_workers).
 BEFORE_LEVEL_GAIN = 0.25
-# Growth where a change of batch is cheap must gain this much, not min_gain; a move of a few
-# samples still waits. A loader that follows the plan (MemdLoader) takes a larger batch without
-# a rebuild, its workers keep what they copied, and a new size costs the trainer about 1 MiB
-# (oneDNN's per-shape cache, bench/shapecost.py): at min_gain the benchmark's loader sat 2-3 %
-# below what fit, at 921 where 948 did, at 938 where 958 did for the 290 s that run went on. On a
-# GPU the client empties the caching allocator at each change (memd.client.trim_heap), so a change
-# leaves nothing behind there (report's 73 -> 76 on the H200 reserved 13.72 GiB at 76, on its
-# line); min_gain's case, small moves raising a job's peaks, was glibc's heap. At min_gain
-# suggest_batch() alone sat at 74 on the H200 where its line put 76 under the budget.
-CHEAP_GAIN = 0.01
+# Growth of a loader that follows the plan (MemdLoader) must gain this much, not min_gain: it
+# takes a larger batch without a rebuild, its workers keep what they copied, and a new size costs
+# the trainer about 1 MiB (oneDNN's per-shape cache, bench/shapecost.py); a move of a few samples
+# still waits. At min_gain the benchmark's loader sat 2-3 % below what fit: at 921 where 948 did,
+# at 938 where 958 did for the 290 s that run went on.
+FOLLOWING_GAIN = 0.01
 
 
-def _growth_gain(workers: Optional[WorkerFacts], cfg: PolicyConfig, discrete: bool = False) -> float:
-    cheap = discrete or (workers is not None and workers.follows)
-    return min(cfg.min_gain, CHEAP_GAIN) if cheap else cfg.min_gain
+def _growth_gain(workers: Optional[WorkerFacts], cfg: PolicyConfig) -> float:
+    return min(cfg.min_gain, FOLLOWING_GAIN) if workers is not None and workers.follows else cfg.min_gain
 
 
 # Seed 000's worker table for unified machines, used before any worker is measured.

@@ -634,9 +634,9 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
         return left(kept, each, max(1, fits)) - less
 
     # Not the count read off its processes, which lags: their median within the horizon said 1
-    # while it ran 3, and a fresh loader's count holds for no read or two. The benchmark's
-    # MemdLoader went 3 -> 2 -> 3 -> 2 -> 3 in 20 s on it, each a rebuild whose fresh workers
-    # started their copying over, before it had grown its batch once.
+    # while it ran 3, and a fresh loader's count holds for no read or two. On it the benchmark's
+    # MemdLoader went between 2 and 3 workers seven times in 18 s, each a rebuild whose fresh
+    # workers started their copying over, before it had grown its batch once.
     running = None if not facts.follows else planned if planned is not None else \
         _running(facts) if facts.count_held else None
 

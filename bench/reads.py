@@ -1,12 +1,12 @@
 """What a running job holds, read every half second: its trainer, each of its workers, its group.
 
 One JSON line per read, in MiB: the trainer's VmHWM, VmRSS, RssAnon, RssFile and RssShmem
-(/proc/PID/status), each child's private pages (/proc/PID/smaps_rollup) and the part of them in
-its C heap (``heap``: [heap] in /proc/PID/smaps), RssShmem and CPU seconds (/proc/PID/stat), the
-group's memory.stat (v1: cache, rss, shmem, mapped_file, active_file, inactive_file; pgmajfault
-and workingset_refault_file as counts) with its usage and the kernel's high-water mark of it
-(``peak``: memory.max_usage_in_bytes, since the group was made). Read by the
-benchmark itself, beside the job. With an endpoint, each line also holds memd's view of the job
+(/proc/PID/status), each child's private pages and the part of them in its C heap (``heap``:
+[heap] in /proc/PID/smaps; the trainer's private pages from /proc/PID/smaps_rollup), RssShmem
+and CPU seconds (/proc/PID/stat), the group's memory.stat (v1: cache, rss, shmem, mapped_file,
+active_file, inactive_file; pgmajfault and workingset_refault_file as counts) with its usage and
+the kernel's high-water mark of it (``peak``: memory.max_usage_in_bytes, since the group was
+made). Read by the benchmark itself, beside the job. With an endpoint, each line also holds memd's view of the job
 at that moment (``memd``: its session's budget, predicted peak and plan, from `status`): what
 memd decided on, kept apart from what was measured.
 Used by bench/composition.py (a job at a fixed batch) and bench/realjobs.py --log-reads (memd's runs).
@@ -45,11 +45,13 @@ def status(pid: int, heap: bool = False) -> dict:
                 key, _, value = line.partition(":")
                 if key in STATUS:
                     out[key] = int(value.split()[0]) // 1024
-        with open("/proc/%d/smaps_rollup" % pid) as f:
-            out["private"] = sum(int(line.split()[1]) for line in f
-                                 if line.startswith(("Private_Clean:", "Private_Dirty:"))) // 1024
-        if heap:
-            out["heap"] = heap_private(pid)
+        if heap:  # smaps has both: one walk of the process's mappings, not two
+            in_heap, rest = smaps_private(pid)
+            out["private"], out["heap"] = (in_heap + rest) // 1024, in_heap // 1024
+        else:
+            with open("/proc/%d/smaps_rollup" % pid) as f:
+                out["private"] = sum(int(line.split()[1]) for line in f
+                                     if line.startswith(("Private_Clean:", "Private_Dirty:"))) // 1024
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rpartition(")")[2].split()
         out["cpu"] = round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 2)  # utime + stime

@@ -357,8 +357,8 @@ def _still_copying(batch: int, workers: WorkerFacts) -> str:
 
 
 def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling: bool,
-            cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig, clear: Optional[int] = None,
-            spread: float = 0.0, gain: Optional[float] = None) -> Tuple[int, str, Optional[Tuple[int, int, int]]]:
+            cap: Optional[Tuple[int, int, int]], budget: int, cfg: PolicyConfig, clear: Optional[int],
+            spread: float, gain: float) -> Tuple[int, str, Optional[Tuple[int, int, int]]]:
     """Fewer, surer changes of batch: each costs the job a DataLoader rebuild, and the first step
     at a new size runs low, the next ones high. Growth waits for a second report at the batch and
     must gain min_gain. ``outgrown_here``: the latest report is at this batch, in a pool where an
@@ -369,9 +369,8 @@ def _steady(limit: int, reason: str, current: int, outgrown_here: bool, settling
     spike forever). Not further: a move of min_gain (3 %) answered moves that each raised a CPU
     job's peaks (a CNN's from 991 to 1121 MiB in eight), but with glibc's heap held steady
     (memd.client.heap) six small moves raised the CNN's peak at 700 by 6 MiB (1060 -> 1066), and
-    the 3 % left the two-workers job at 605 where 623 fit. ``gain``: what growth must gain,
-    min_gain unless given (FOLLOWING_GAIN). Returns (limit, reason, cap)."""
-    gain = cfg.min_gain if gain is None else gain
+    the 3 % left the two-workers job at 605 where 623 fit. ``gain``: what growth must gain
+    (_growth_gain). Returns (limit, reason, cap)."""
     if limit > current:
         if settling:
             return current, "keeping %d until a second step there: a batch's first step after a change runs low" % (
@@ -637,8 +636,9 @@ def _beside_workers(limits: Limits, facts: WorkerFacts, curve: Curve, budget: in
     # while it ran 3, and a fresh loader's count holds for no read or two. On it the benchmark's
     # MemdLoader went between 2 and 3 workers seven times in 18 s, each a rebuild whose fresh
     # workers started their copying over, before it had grown its batch once.
-    running = None if not facts.follows else planned if planned is not None else \
-        _running(facts) if facts.count_held else None
+    running: Optional[int] = None
+    if facts.follows:
+        running = planned if planned is not None else _running(facts) if facts.count_held else None
 
     def enough(k: int) -> bool:
         bar = half if running is None else half * (1 - gain) if k <= running else half * (1 + gain)

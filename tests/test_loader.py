@@ -91,7 +91,7 @@ class Wide(torch.utils.data.Dataset):
         return 400
 
     def __getitem__(self, i):
-        return torch.full((2048,), float(i))  # 4 KiB
+        return torch.full((2048,), float(i))  # 8 KiB
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads a worker's descriptors in /proc")

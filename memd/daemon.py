@@ -183,9 +183,15 @@ class Daemon:
         pids = {s.pid for s in core.sessions if s.local}
         if jobs:
             core.jobs = {pid: self._read_job(pid, snap) for pid in pids}
-        elif not pids <= core.jobs.keys():  # a new session: its cgroup and tree bound its next plan
+        else:
+            # A new session: its cgroup and tree bound its next plan. Every other job without
+            # workers: its pool and trainer read again (Sampler.paired), so a neighbour's growth
+            # shows within a sample. A job with workers keeps its tree's read: its room is its
+            # workers' too, and they are read with the tree.
             fresh = {pid: self._read_job(pid, snap) for pid in pids - core.jobs.keys()}
-            core.jobs = {**core.jobs, **fresh}  # published whole, never mutated in place
+            paired = {pid: self.sampler.paired(job) for pid, job in core.jobs.items()
+                      if pid in pids and pid not in fresh and job.alive and len(job.processes) == 1}
+            core.jobs = {**{pid: job for pid, job in core.jobs.items() if pid in pids}, **paired, **fresh}
         core.sampler_heartbeat = self.clock()
         return snap
 

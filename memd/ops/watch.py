@@ -79,8 +79,10 @@ def job_cgroup(core: Core, pid: int) -> Optional[Cgroup]:
 def measure_peak(core: Core, session: SessionRecord) -> Optional[int]:
     """The job's peak since its last report, measured here: on a GPU pool what NVML attributes
     to the job's processes on that GPU (it includes what PyTorch's allocator keeps reserved);
-    on the host pool the trainer's peak RSS. None when unknown: a guess from another pool, or
-    a partial sum (snapshot.gpu_bytes), would teach the curve a wrong point."""
+    on the host pool the trainer's peak resident set less the file pages it maps (procs.read_peak:
+    the units its pool counts what it holds in, JobMemory.trainer_held_bytes). None when unknown:
+    a guess from another pool, or a partial sum (snapshot.gpu_bytes), would teach the curve a
+    wrong point."""
     if not session.local or session.pool is None:  # not this host's process, or its GPU is unknown
         return None
     if session.pool != HOST:
@@ -89,6 +91,6 @@ def measure_peak(core: Core, session: SessionRecord) -> Optional[int]:
         if job is None or gpu is None:
             return None
         return gpu_bytes(gpu.processes, set(job_pids(job)))
-    peak = procs.read_peak_rss(session.pid, core.proc_root)
+    peak = procs.read_peak(session.pid, core.proc_root)
     procs.reset_peak_rss(session.pid, core.proc_root)
     return peak

@@ -54,6 +54,21 @@ def read_cgroup(pid: Optional[int] = None, proc_root: str = "/proc") -> Optional
     return None
 
 
+def read_oom_kills(path: str, version: int, proc_root: str = "/proc") -> Optional[int]:
+    """The OOM killer's kills in the memory cgroup at ``path`` (Cgroup.path; ``version`` 1 or 2),
+    read by its path: a job's group outlives the job, so its count is read after the job is gone
+    (memd.ops.lifecycle). None when the group or its mount is gone."""
+    mounts = _mounts(os.path.join(proc_root, "self", "mountinfo"))
+    mount = mounts.get("memory" if version == 1 else "")
+    if mount is None:
+        return None
+    name = "memory.oom_control" if version == 1 else "memory.events"
+    try:
+        return _flat_keyed(os.path.join(_directory(mount, path), name)).get("oom_kill")
+    except OSError:
+        return None
+
+
 def _memberships(path: str) -> Dict[str, str]:
     """controller -> path from /proc/PID/cgroup ("" is the v2 unified hierarchy)."""
     found: Dict[str, str] = {}

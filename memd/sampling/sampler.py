@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import cgroup, platform, procs, system
@@ -94,9 +95,26 @@ class Sampler:
         skip = (os.getpid(),) if self.proc_root == "/proc" else ()
         tree = procs.read_tree(pid, self.proc_root, detail=detail, gpu_bytes=gpu_bytes_by_pid(gpus), skip=skip)
         errors.extend(tree.errors)
-        cg, rss = self._paired(pid, errors) if tree.processes else (None, None)
+        cg, resident, free = self._paired(pid, errors) if tree.processes else (None, None, None)
         return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock(),
-                         trainer_rss_bytes=rss, cpus=self._cpus(pid, errors) if tree.processes else None)
+                         trainer_rss_bytes=resident[0] if resident else None,
+                         trainer_file_bytes=resident[1] if resident else None, available_bytes=free,
+                         cpus=self._cpus(pid, errors) if tree.processes else None)
+
+    def paired(self, job: JobMemory) -> JobMemory:
+        """``job`` with its cgroup, its trainer's resident set and the host's MemAvailable read
+        again, together, once (~70 us; the whole tree costs ~0.2 ms a process): between reads
+        of its tree, the pool it draws on as of now. A neighbour growing in the job's group shows
+        within a sample, not at the next read of the tree (job_interval). Unchanged when the
+        trainer cannot be read."""
+        errors: Errors = []
+        cg = _guard(errors, "cgroup", cgroup.read_cgroup, job.pid, self.proc_root)
+        free = _guard(errors, "system", system.read_available, self.proc_root)
+        resident = procs.read_resident(job.pid, self.proc_root)
+        if resident is None or (cg is None and job.cgroup is not None):
+            return job
+        return replace(job, cgroup=cg, trainer_rss_bytes=resident[0], trainer_file_bytes=resident[1],
+                       available_bytes=free, paired_at=self.clock())
 
     def _cpus(self, pid: int, errors: Errors) -> Optional[float]:
         """The CPUs the trainer may use: its affinity, within its cgroup's CPU quota."""
@@ -105,22 +123,30 @@ class Sampler:
         return float(min(known)) if known else None
 
     def _paired(self, pid: int, errors: Errors):
-        """The job's cgroup and the trainer's RSS as of one instant (the budget adds what the job
-        holds to what its group has free). Read while a step frees hundreds of MB, one pair in
-        twenty came 30-40 MiB apart (the RSS falls before the group is uncharged): three pairs,
-        PAIR_GAP apart, and the median of (usage - RSS) is kept (then one in forty)."""
-        pairs = []
+        """(the job's cgroup, the trainer's (RSS, file pages), the host's MemAvailable) as of one
+        instant: the budget adds what the job holds to what its pool has free. Read while a step
+        frees hundreds of MB, one pair in twenty came 30-40 MiB apart (the RSS falls before the
+        group is uncharged): three reads, PAIR_GAP apart, and the one with the median of (what the
+        pool has in use - what the trainer holds) is kept (then one in forty). The host's free
+        memory read at another instant (the sampler's snapshot) than the trainer's set counted
+        a step's memory twice, free between steps and held at its peak: the README's loop on the
+        host was budgeted 110 % of MemTotal."""
+        reads = []
         for i in range(PAIR_READS):
             if i:
                 time.sleep(PAIR_GAP)
             cg = _guard(errors, "cgroup", cgroup.read_cgroup, pid, self.proc_root)
-            rss = procs.read_rss(pid, self.proc_root)
-            if cg is None or cg.usage_bytes is None or rss is None:
-                return cg, rss
-            pairs.append((cg.usage_bytes - rss, cg, rss))
-        pairs.sort(key=lambda p: p[0])
-        _, cg, rss = pairs[len(pairs) // 2]
-        return cg, rss
+            free = _guard(errors, "system", system.read_available, self.proc_root)
+            resident = procs.read_resident(pid, self.proc_root)
+            if resident is None or (cg is None or cg.usage_bytes is None) and free is None:
+                return cg, resident, free
+            held = resident[0] - resident[1]
+            bound = cg is not None and cg.usage_bytes is not None and (cg.limit_bytes is not None or free is None)
+            in_use = cg.usage_bytes if bound else -(free or 0)  # in the pool that bounds it: its group, or the host
+            reads.append((in_use - held, cg, resident, free))
+        reads.sort(key=lambda r: r[0])
+        _, cg, resident, free = reads[len(reads) // 2]
+        return cg, resident, free
 
     def _system(self, errors: Errors) -> SystemMemory:
         try:

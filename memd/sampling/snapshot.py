@@ -158,6 +158,29 @@ class JobMemory:
     # lags a growing step by tens of MB): with it, free and held describe one instant.
     trainer_rss_bytes: Optional[int] = None
     cpus: Optional[float] = None  # CPUs the trainer may use: its affinity, within its cgroup's quota
+    # The part of that resident set mapped from files (RssFile), read with it: page cache, which
+    # the pool counts as reclaimable (free), so the trainer does not hold it there.
+    trainer_file_bytes: Optional[int] = None
+    # The host's MemAvailable, read with them: the host pool's free memory at the same instant.
+    available_bytes: Optional[int] = None
+    # When those three were read (Sampler.paired refreshes them between reads of the whole tree);
+    # None: with the tree, at ``monotonic``.
+    paired_at: Optional[float] = None
+
+    @property
+    def read_at(self) -> float:
+        """When the job's pool and its trainer were last read together."""
+        return self.monotonic if self.paired_at is None else self.paired_at
+
+    @property
+    def trainer_held_bytes(self) -> Optional[int]:
+        """What the trainer holds in its pool, in the units the pool counts its use in: its
+        resident set less its file pages (its anonymous and shared memory). Counted whole, a
+        process's mapped libraries were counted twice, free as page cache and held as its own,
+        and a budget in a 1 GiB group came to 1028 MiB (tests/test_budget_units.py)."""
+        if self.trainer_rss_bytes is None:
+            return None
+        return max(0, self.trainer_rss_bytes - (self.trainer_file_bytes or 0))
 
     @property
     def alive(self) -> bool:

@@ -57,6 +57,9 @@ class PolicyConfig:
     # a worker copying a Python-object dataset as it reads it must be cut before the pool is gone.
     worker_horizon_seconds: float = 30.0
     plan_fresh_seconds: float = 1.0  # how long a client may serve a plan from its cache
+    # How long memory that grew outside a pool's sessions (another process of the job's group, of
+    # the host) keeps its rate of growth held back from their budgets (planner.growth_ahead).
+    others_horizon_seconds: float = 10.0
 
 
 @dataclass(frozen=True)

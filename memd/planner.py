@@ -14,7 +14,7 @@ import statistics
 from dataclasses import replace
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from memd.claims import Claims, Others, counts, gather, neighbour
+from memd.claims import Claims, Others, Use, counts, gather, neighbour
 from memd.config import PolicyConfig
 from memd.policy import budget, estimate
 from memd.policy.controller import Decision, WorkerFacts, decide
@@ -22,7 +22,7 @@ from memd.policy.fit import NOISE, Observation, Prior, fit
 from memd.policy.frozen import evolve
 from memd.policy.growth import COURSE_ERROR, RATE_SPAN, growth, keep
 from memd.policy.pressure import group_signals, next_state, rank, thrashing
-from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot
+from memd.sampling.snapshot import DISCRETE, Gpu, JobMemory, Snapshot, gpu_bytes
 from memd.sessions import KEY_OWNER, OWNER, SessionRecord
 from memd.units import GiB
 
@@ -43,7 +43,7 @@ def pool_for(session: SessionRecord, snapshot: Snapshot, job: Optional[JobMemory
         pool = budget.gpu_pool(gpu, job, cfg) if gpu is not None else None
         if pool is not None:
             return pool
-    return budget.host_pool(snapshot, job, cfg, session.cgroup, mapped_kept(session, job))
+    return budget.host_pool(snapshot, job, cfg, session.cgroup, mapped_kept(session, job), session.reports_peaks)
 
 
 def mapped_kept(session: SessionRecord, job: Optional[JobMemory]) -> Optional[int]:
@@ -130,25 +130,74 @@ def on_cpu(session: SessionRecord) -> bool:
     return (session.device or "").split(":")[0].strip().lower() == "cpu"
 
 
+def use_now(session: SessionRecord, pool_name: Optional[str], snapshot: Snapshot,
+            jobs: Dict[int, JobMemory]) -> Optional[int]:
+    """What a session's job holds in the pool now, in the pool's units: on the host its trainer's
+    resident set less its file pages and its workers' own memory (with the batches on their way
+    from them); on a GPU what its processes use there. None when it is not read."""
+    job = jobs.get(session.pid) if session.local else None
+    if job is None or not job.alive:
+        return None
+    if pool_name == budget.HOST:
+        held = job.trainer_held_bytes
+        if held is None:
+            return None
+        return held + sum(b for b in job.worker_bytes if b > 0) + (job.in_flight_shmem_bytes or 0)
+    gpu = next((g for g in snapshot.gpus if g.uuid == pool_name), None)
+    return gpu_bytes(gpu.processes, set(budget.job_pids(job))) if gpu is not None else None
+
+
+def outside(pool: budget.Pool, others: Others) -> Optional[int]:
+    """What the pool holds that no session of it does (other processes, the kernel, the job's own
+    workers on the host): its use less the job's and the other sessions'. None while the job's
+    own is not read."""
+    if pool.own_bytes is None:
+        return None
+    return max(0, pool.in_use_bytes - pool.own_bytes - others.held)
+
+
+def growth_ahead(session: SessionRecord, job: Optional[JobMemory], pool: budget.Pool, others: Others,
+                 cfg: PolicyConfig) -> int:
+    """What the memory outside the pool's sessions may add before the job's next plan takes effect:
+    the most it rose within one of the job's steps and two reads, over the last
+    others_horizon_seconds (budget.rise_within). A plan changes only at a step's start: a job
+    whose neighbour grows while it runs a step must have that growth to spare. A job read whole
+    only (one with workers, Sampler.paired) leaves this to its workers' course: its own workers
+    are outside its trainer, and their growth is held back as theirs (worker_facts)."""
+    if job is None or len(job.processes) != 1 or pool.own_bytes is None:
+        return 0
+    beside = outside(pool, others)
+    if beside is None:
+        return 0
+    reads = session.planner.outside
+    if not reads or reads[-1][0] != job.read_at:
+        reads.append((job.read_at, beside))
+    while reads and reads[0][0] < job.read_at - cfg.others_horizon_seconds:
+        reads.popleft()
+    gap = reads[-1][0] - reads[-2][0] if len(reads) > 1 else 0.0
+    return budget.rise_within(list(reads), (session.step_seconds or 0.0) + 2 * gap)
+
+
 def neighbours(session: SessionRecord, pool_name: Optional[str], sessions: Iterable[SessionRecord],
-               at: float) -> Others:
+               at: float, use: Optional[Use] = None) -> Others:
     """The other sessions in a pool whose claims count against this one's room, as of the
     snapshot taken ``at`` (claims.counts: those whose process the daemon watches). The registry
     keeps them per pool and snapshot (Sessions.claims, kept up to date by record_claim), so a
     decision reads sums, not every session; a plain list of sessions is read whole."""
     memo: Optional[Dict[Optional[str], Claims]] = getattr(sessions, "claims", None)
     if memo is None:
-        return gather(sessions, pool_name, at).others(session.sid)
+        return gather(sessions, pool_name, at, use=use).others(session.sid)
     version = getattr(sessions, "version", 0)
     kept = memo.get(pool_name)
     if kept is None or kept.at != at or kept.version != version:
         for name in [name for name, c in memo.items() if c.at != at or c.version != version]:
             del memo[name]  # another snapshot's or membership's: gathered again when asked for
-        kept = memo[pool_name] = gather(sessions, pool_name, at, version)
+        kept = memo[pool_name] = gather(sessions, pool_name, at, version, use)
     return kept.others(session.sid)
 
 
-def record_claim(session: SessionRecord, sessions: Iterable[SessionRecord], was: Optional[str], at: float) -> None:
+def record_claim(session: SessionRecord, sessions: Iterable[SessionRecord], was: Optional[str], at: float,
+                 use: Optional[Use] = None) -> None:
     """A session decided: its part of its pool's claims (neighbours) is its new plan's."""
     memo: Optional[Dict[Optional[str], Claims]] = getattr(sessions, "claims", None)
     if memo is None:
@@ -157,7 +206,7 @@ def record_claim(session: SessionRecord, sessions: Iterable[SessionRecord], was:
         memo[was].drop(session.sid)
     kept = memo.get(session.pool)
     if kept is not None and kept.at == at and counts(session, session.pool):
-        kept.put(session.sid, neighbour(session, at))
+        kept.put(session.sid, neighbour(session, at, use))
 
 
 def group_level(session: SessionRecord, job: Optional[JobMemory], cfg: PolicyConfig) -> str:
@@ -187,14 +236,18 @@ def fuller_than_planned(pool: budget.Pool, cfg: PolicyConfig) -> float:
     return min(cfg.critical_available_ratio * pool.capacity_bytes, pool.margin_bytes / 2)
 
 
-def share_for(session: SessionRecord, pool: budget.Pool, greedy: int, others: Others, at: float) -> Optional[int]:
+def share_for(session: SessionRecord, pool: budget.Pool, greedy: int, others: Others, at: float,
+              ahead: int = 0) -> Optional[int]:
     """The session's fair share of its pool (budget.fair_share) beside the others, or None when
     it has the pool to itself. ``greedy`` is its budget as if alone but for the growth promised
-    to the others. The others' part is read from the pool's sorted claims (claims.Claims.kept)."""
+    to the others (``pool.reserved_bytes``, ``ahead`` of it the outside's growth, which no session
+    shares); what they hold now is theirs in it. The others' part is read from the pool's sorted
+    claims (claims.Claims.kept)."""
     if not others.number:
         return None
-    room = greedy + pool.reserved_bytes + others.held
-    return budget.share_beside(room, session.peak_held_at(at), others.number, others.kept)
+    room = greedy + pool.reserved_bytes - ahead + others.held
+    own = pool.own_bytes if pool.own_bytes is not None else session.peak_held_at(at)
+    return budget.share_beside(room, own, others.number, others.kept)
 
 
 def curve_for(session: SessionRecord, noise: float = NOISE, kills: bool = False):
@@ -236,8 +289,8 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
     # them) are theirs too: with two workers at batch 600 they came and went by 19 MiB at a time,
     # 0-75 MiB, read to read.
     workers = sum(b for b in job.worker_bytes if b > 0) + (job.in_flight_shmem_bytes or 0)
-    if not rooms or rooms[-1][0] != job.monotonic:
-        rooms.append((job.monotonic, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
+    if not rooms or rooms[-1][0] != job.read_at:
+        rooms.append((job.read_at, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
     room = max(r + w for _, capacity, r, w in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's only
     return evolve(pool, free_bytes=max(0, room - workers - pool.own_bytes))
 
@@ -264,11 +317,16 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     workers = worker_facts(session, job, cfg)
     if pool.kind == DISCRETE:
         workers = replace(workers, growth=0, count_held=True)  # workers grow in host memory, not on the GPU
-    others = neighbours(session, pool.name, sessions, snapshot.monotonic)
-    pool = pool.with_reserved(others.growth + workers.growth)
+    use = (lambda s: use_now(s, pool.name, snapshot, jobs)) if pool.own_bytes is not None else None
+    others = neighbours(session, pool.name, sessions, snapshot.monotonic, use)
+    ahead = growth_ahead(session, job, pool, others, cfg)
+    # What the others claim (their plans' peaks, or what they hold if more) and what lies outside
+    # every session: no budget passes the pool's limit less those (budget.Pool.bound_bytes).
+    pool = pool.with_claimed(others.held + others.growth + ahead + (outside(pool, others) or 0))
+    pool = pool.with_reserved(others.growth + workers.growth + ahead)
     held_now = session.peak_held_at(snapshot.monotonic if pool.own_bytes is None else float("inf"))
     greedy = pool.budget(held_now)
-    pool = pool.with_share(share_for(session, pool, greedy, others, snapshot.monotonic))
+    pool = pool.with_share(share_for(session, pool, greedy, others, snapshot.monotonic, ahead))
     level = host_level
     if pool.name == budget.HOST and pool.free_bytes < fuller_than_planned(pool, cfg):
         level = "critical" if rank(level) < rank("critical") else level  # the job's own cgroup is nearly full
@@ -315,7 +373,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
         curve, None if gpu_gone or unread or gpu_unknown else pool, session.limits, session.state, level, cfg,
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=settling(session), budget_bytes=kept,
-        workers=workers, grow_dip=dip,
+        workers=workers, grow_dip=dip, read=job.read_at if job is not None else snapshot.monotonic,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:
@@ -348,7 +406,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
     session.pool_budget_bytes = decision.pool_budget_bytes
     session.workers = workers if workers.uss or workers.cost else None
     session.predicted_peak_bytes = decision.predicted_peak_bytes
-    record_claim(session, sessions, was, snapshot.monotonic)
+    record_claim(session, sessions, was, snapshot.monotonic, use)
     return decision
 
 

@@ -40,6 +40,9 @@ class PlannerMemo:
     # planner.room_dip
     rooms: Deque[Tuple[float, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=32))
     mapped_file: Optional[int] = None  # the most file pages the job's group kept mapped (planner.mapped_kept)
+    # (when read, what the pool held outside its sessions then) within others_horizon_seconds:
+    # how fast that grows (planner.growth_ahead)
+    outside: Deque[Tuple[float, int]] = field(default_factory=lambda: collections.deque(maxlen=256))
     # The pressure in the job's own cgroup (planner.group_level): its reads (time, bytes read
     # back, major faults, usage, limit) within pressure.THRASH_SECONDS and more, and its level.
     group_reads: Deque[Tuple[float, Optional[int], Optional[int], Optional[int], Optional[int]]] = field(

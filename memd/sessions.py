@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import secrets
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Counter, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
@@ -151,8 +152,25 @@ class SessionRecord:
     # An OOM ceiling from earlier runs of its job (at hello), and how many runs since went clean at it
     inherited_ceiling: Optional[int] = None
     clean_runs: int = 0
+    ceiling_cause: Optional[str] = None  # why its ceiling is there: "oom" (reported) or "kill" (state.CAUSES)
+    # Its latest report said its peak (else the daemon measured it): on the host its peaks are then
+    # taken to count its resident set, file pages included (budget.host_pool's ``resident``)
+    reports_peaks: bool = False
+    # The OOM killer's counts as of its latest decision: (its group's path, cgroup version, the
+    # group's kills, the host's), to tell a process that vanished from one that was killed
+    kill_marks: Optional[Tuple[Optional[str], int, Optional[int], Optional[int]]] = None
     at_ceiling: bool = False  # its latest plan was held down by its ceiling
     ceiling_steps: int = 0  # reports while at_ceiling
+    reported_at: Deque[float] = field(default_factory=lambda: collections.deque(maxlen=6))  # its latest reports' times
+
+    @property
+    def step_seconds(self) -> Optional[float]:
+        """How long one of its steps takes, as its latest reports came (the median gap): a new plan
+        takes effect at its next step. None before two reports."""
+        times = self.reported_at
+        if len(times) < 2:
+            return None
+        return statistics.median(b - a for a, b in zip(times, list(times)[1:]))
 
     def forget_learned(self) -> None:
         """`memd forget` of this job: what it learned until now is never remembered (else the
@@ -186,6 +204,8 @@ class SessionRecord:
             return kept, self.state.ceiling, 0
         if inherited is None:
             return kept, None, 0
+        if self.ceiling_cause == "kill":  # a kill is not retried: another try is another dead job
+            return kept, inherited, 0
         clean = self.clean_runs + (1 if self.ceiling_steps >= stable_steps else 0)
         return (kept, None, 0) if clean >= CLEAN_RUNS else (kept, inherited, clean)
 

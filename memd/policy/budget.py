@@ -11,6 +11,14 @@ OS and the desktop live there); a job's own cgroup has no OS in it, so its room 
 minus what the group cannot give back (page cache is reclaimed before a kill: cgroup.py).
 The margin is small: the learned curve already carries the spread of this job's own peaks,
 so the margin only covers what no report shows (kernel memory, others' growth between samples).
+
+Whatever the reads say, a budget never passes the pool's bound: its limit (the group's, the
+host's RAM less the OS reserve, the device's total) less the margin and less what the pool's
+other sessions claim (their planned peaks). Free and held are counted in one unit, what the pool
+counts as in use (a group's usage less its page cache; the host's MemTotal less MemAvailable;
+a device's used memory): a process's file-mapped pages are page cache, free to the pool, so the
+job holds its resident set less them (JobMemory.trainer_held_bytes), and its measured peaks are
+counted the same way (procs.read_peak). tests/test_budget_units.py pins both on real processes.
 """
 from __future__ import annotations
 
@@ -38,6 +46,22 @@ class Pool:
     # the group mapped earlier in the run and maps no longer (group_spare). A step running into it
     # costs no mapped page and no kill; only a cut worth its rebuild goes for it (controller).
     spare_bytes: int = 0
+    # The most the pool's jobs may hold together: capacity less what the OS keeps there (the host's
+    # reserve; a group or a device keeps none). None: the capacity.
+    limit_bytes: Optional[int] = None
+    claimed_bytes: int = 0  # what the pool's other sessions claim: their planned peaks (claims.py)
+
+    @property
+    def bound_bytes(self) -> int:
+        """The largest budget this pool can give: its limit less the margin and the others' claims."""
+        limit = self.capacity_bytes if self.limit_bytes is None else self.limit_bytes
+        return max(0, limit - self.margin_bytes - self.claimed_bytes)
+
+    @property
+    def in_use_bytes(self) -> int:
+        """What the pool has in use now, everyone's (its limit less what is free)."""
+        limit = self.capacity_bytes if self.limit_bytes is None else self.limit_bytes
+        return max(0, limit - self.free_bytes)
 
     def budget(self, held_peak: Optional[int]) -> int:
         """The largest peak (in the job's reported units) that still fits.
@@ -54,7 +78,7 @@ class Pool:
             held = self.own_bytes
         else:
             held = min(self.own_bytes, held_peak)
-        greedy = self.free_bytes + held - self.margin_bytes - self.reserved_bytes
+        greedy = min(self.free_bytes + held - self.margin_bytes - self.reserved_bytes, self.bound_bytes)
         return greedy if self.share_bytes is None else min(greedy, max(self.share_bytes, held))
 
     def with_reserved(self, reserved_bytes: int) -> "Pool":
@@ -62,6 +86,9 @@ class Pool:
 
     def with_share(self, share_bytes: Optional[int]) -> "Pool":
         return evolve(self, share_bytes=share_bytes)
+
+    def with_claimed(self, claimed_bytes: int) -> "Pool":
+        return evolve(self, claimed_bytes=max(0, claimed_bytes))
 
 
 def fair_share(room: int, own_held: int, others: Sequence[Tuple[int, Optional[int]]]) -> int:
@@ -81,6 +108,19 @@ def share_beside(room: int, own_held: int, number: int, kept: Callable[[int], in
     """fair_share, given the ``number`` of other sessions and ``kept(equal)``, what they keep at
     an equal share ``equal`` (the daemon reads it from sorted claims: memd.claims)."""
     return max(own_held, room - kept(room // (number + 1)))
+
+
+def rise_within(reads: Sequence[Tuple[float, int]], window: float) -> int:
+    """The most ``reads`` (time, bytes), oldest first, rose within any ``window`` seconds: what a
+    neighbour that grew so lately may add again before a plan can answer it (planner.growth_ahead).
+    A fall is no rise: a neighbour that shrinks holds nothing back."""
+    rise, start = 0, 0
+    for i, (at, value) in enumerate(reads):
+        while start < i and reads[start][0] < at - window:
+            start += 1
+        low = min(v for _, v in reads[start:i + 1])
+        rise = max(rise, value - low)
+    return rise
 
 
 def margin(capacity: int, cfg: PolicyConfig) -> int:
@@ -141,21 +181,32 @@ def gpu_pool(gpu: Gpu, job: Optional[JobMemory], cfg: PolicyConfig) -> Optional[
 
 
 def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig,
-              cgroup: Optional[Cgroup] = None, mapped_file_bytes: Optional[int] = None) -> Pool:
+              cgroup: Optional[Cgroup] = None, mapped_file_bytes: Optional[int] = None,
+              resident: bool = False) -> Pool:
     """The host pool as the job sees it: bounded by its own cgroup when that is smaller (the
     latest job read's; ``cgroup``, the one read when the job said hello, until a job read has
     one; else the container's). ``mapped_file_bytes``: the most file pages that group has kept
     mapped (group_margin); by default what it maps now.
 
-    What the job holds is the trainer's own resident set, read with its cgroup's usage in one
-    pass (Sampler.job), so free and held describe the same instant and the same units as its
-    peaks (VmHWM): file pages it maps but another group was charged for are in both, and its
-    workers' memory stays with the others, in use.
+    What the job holds is the trainer's own resident set less its file pages, read with its
+    cgroup's usage and the host's MemAvailable in one pass (Sampler.job), so free and held
+    describe the same instant and the same units as its measured peaks (procs.read_peak); its
+    workers' memory stays with the others, in use. ``resident``: the job reports its own peaks,
+    taken to count its resident set (VmHWM, psutil's RSS), file pages included; the pool is
+    then counted in those units: the trainer holds its whole resident set, and the limit is
+    the pool's plus the file pages it maps (in its peaks, yet free to the pool).
     """
     cg = job.cgroup if job is not None and job.cgroup is not None else cgroup or container_cgroup(snapshot)
     total = snapshot.system.total_bytes
-    capacity, free = bounded_by(cg, total, host_free(total, snapshot.system.available_bytes, cfg))
-    own = job.trainer_rss_bytes if job is not None else None
+    # The host's free memory as read with the trainer's (Sampler._paired), else the snapshot's.
+    available = job.available_bytes if job is not None and job.available_bytes is not None else \
+        snapshot.system.available_bytes
+    capacity, free = bounded_by(cg, total, host_free(total, available, cfg))
+    own = job.trainer_held_bytes if job is not None else None
+    limit = min(capacity, total - os_reserve(total, cfg))
+    if resident and job is not None and job.trainer_rss_bytes is not None:
+        own = job.trainer_rss_bytes
+        limit += job.trainer_file_bytes or 0
     spare = 0
     if capacity < total and cg is not None:  # the group's limit binds: a pool with no OS and no other job in it
         held_back = group_margin(capacity, cg.mapped_file_bytes if mapped_file_bytes is None else mapped_file_bytes,
@@ -163,7 +214,7 @@ def host_pool(snapshot: Snapshot, job: Optional[JobMemory], cfg: PolicyConfig,
         spare = group_spare(held_back, cg.mapped_file_bytes, cfg)
     else:
         held_back = margin(capacity, cfg)
-    return Pool(HOST, snapshot.memory_model, capacity, free, own, held_back, spare_bytes=spare)
+    return Pool(HOST, snapshot.memory_model, capacity, free, own, held_back, spare_bytes=spare, limit_bytes=limit)
 
 
 def group_margin(capacity: int, mapped_file: Optional[int], cfg: PolicyConfig) -> int:

@@ -233,7 +233,9 @@ def fit_as_it_was(observations, prior=None, noise=fitting.NOISE, kills=False):
     else:
         curve = fitting._near_the_largest(points if kills else fitting._without_spiked_batch(points, noise), base,
                                           noise, 1.0 if kills else fitting.HIGH)
-    return evolve(curve, observed=tuple((p.batch, p.top) for p in points), noise=noise, kills=kills)
+    observed = tuple((p.batch, p.top) for p in points)
+    beyond = ((observed[-2] if len(observed) > 1 else (0, 0.0)) + observed[-1]) if kills else None
+    return evolve(curve, observed=observed, noise=noise, kills=kills, beyond=beyond)
 
 
 @st.composite

@@ -26,6 +26,7 @@ from memd.units import GiB  # human output is in GiB
 from .budget import Pool, host_free, margin
 from .fit import Curve, largest
 from .frozen import evolve
+from .invariants import keep_promises
 from .pressure import rank
 
 SURE = 0.7  # below this fit confidence, growth past the batches seen is ramped, not jumped
@@ -97,6 +98,9 @@ class ControlState:
     # a cut under min_gain beside workers goes by a budget that lasts (_lasting).
     budgets: Tuple[Tuple[float, int], ...] = ()
     workers: Optional[int] = None  # the workers the last plan kept beside the batch (_beside_workers)
+    pending: Optional[Tuple[int, float, int]] = None  # a deep cut one read asked for (invariants.Kept.pending)
+    killed: Optional[int] = None  # a batch the kernel's OOM killer ended a run of this job at
+    budget: Optional[int] = None  # the batch's budget the last plan was made on (invariants.keep_promises)
 
 
 @dataclass(frozen=True)
@@ -122,20 +126,23 @@ def after_oom(state: ControlState, batch: int, limits: Limits, cfg: PolicyConfig
         ceiling = min(ceiling, state.ceiling)
     cut = max(limits.min_batch, int(batch * (1 - cfg.oom_cut)))
     return ControlState(batch=min(cut, ceiling), ceiling=ceiling, stable=0, critical_cut=state.critical_cut,
-                        workers=state.workers)
+                        workers=state.workers, killed=state.killed)
 
 
 def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: ControlState, level: str,
            cfg: PolicyConfig, latest_peak: Optional[int] = None, latest_batch: Optional[int] = None,
            workers: Optional[WorkerFacts] = None, host_total_bytes: Optional[int] = None,
            host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
-           settling: bool = False, budget_bytes: Optional[int] = None, grow_dip: int = 0) -> Decision:
+           settling: bool = False, budget_bytes: Optional[int] = None, grow_dip: int = 0,
+           read: Optional[float] = None) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
     measured; by default its latest peak. ``settling``: the latest report is the first at its
     batch since a change (fit.Observation.settling). ``budget_bytes``: the budget to keep instead
     of the pool's, when what the job holds is unknown and the pool's free memory cannot be paired
     with it. ``grow_dip``: how much lower the pool's room was within the horizon; growth waits
-    for room at the lowest (planner.room_dip), while a cut goes by the room now."""
+    for room at the lowest (planner.room_dip), while a cut goes by the room now. ``read``: when the
+    pool was read (a deep cut waits for a second read: invariants.keep_promises, which bounds
+    every plan last)."""
     budget: Optional[int]
     if budget_bytes is not None:
         budget = budget_bytes
@@ -153,7 +160,8 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     budgets = state.budgets
     if workers is not None and workers.read is not None and budget is not None:
         budgets = _lasting(budgets, workers.read, budget)
-    limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg)
+    limit, reason = _memory_move(curve, budget, limits, current, latest_peak, latest_batch, cfg, state.killed)
+    evidence: Optional[int] = None
     cap = state.cap
     if cap is not None and budget is not None and budget > cap[2] * (1 + cfg.min_gain):
         cap = None  # the pool grew (another job left): the batch that stopped fitting may fit now
@@ -196,6 +204,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             limit, reason, cap = current, "keeping %d: its latest step peaked at %.2f GiB, %s, and a cut under " \
                 "%.0f %% is not worth a change of batch (each one restarts its workers' copying)" % (
                     current, latest_peak / GiB, within, 100 * cfg.min_gain), capped
+            evidence = latest_peak  # the batch's own step is its prediction (invariants: 1.)
 
     if workers is not None and current is not None:
         limit, reason = _growth_beside_workers(limit, reason, current, workers, unproven, grow_dip, curve, budget,
@@ -209,6 +218,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             # fresh workers then copied too slowly to show their level.
             limit, reason = current, "keeping %d: cut to it on its workers' latest read; the next read shows " \
                 "what the cut gave back" % current
+            evidence = latest_peak  # its step fits beside the workers as they are (invariants: 1.)
 
     if state.ceiling is not None:
         if state.batch is not None and limit > state.batch:
@@ -235,6 +245,11 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             limit, reason = cut, "cut to %d from %d: memory pressure is critical" % (cut, current)
         critical_cut = True
 
+    promised = keep_promises(limit, reason, current, curve, budget, limits.min_batch, level, cfg,
+                             kills=curve is not None and curve.kills, read=read, pending=state.pending,
+                             evidence=evidence if limit == current else None, before=state.budget)
+    limit, reason, budget = promised.limit, promised.reason, promised.budget
+
     # Every reason leads with the plan's own batch: a move that allowed another number says so
     # after it ("growing back to 96" while the batch stays 64 read as a move that did not happen).
     if limits.max_batch is not None and limit > limits.max_batch:
@@ -259,12 +274,14 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     plan = make_plan(batch, steps, num_workers, prefetch, reason=reason, source="daemon", pressure=level,
                      throttle=level == "critical",
                      fresh_for=cfg.plan_fresh_seconds if level == "ok" else cfg.plan_fresh_seconds / 4)
-    predicted = curve.peak(batch) if curve is not None else None
+    predicted = curve.upper(batch) if curve is not None else None
+    if promised.evidence is not None and batch == current:
+        predicted = promised.evidence
     cut_on = state.cut_on
     if workers is not None and as_they_are is not None and current is not None and batch < current:
         cut_on = workers.read
     new_state = evolve(state, batch=batch, critical_cut=critical_cut, cap=cap, cut_on=cut_on, budgets=budgets,
-                       workers=state.workers if kept is None else kept)
+                       workers=state.workers if kept is None else kept, pending=promised.pending, budget=budget)
     return Decision(plan, new_state, budget, predicted, at_ceiling, pool_budget)
 
 
@@ -414,11 +431,17 @@ def _clear_of(curve: Curve, peak: Optional[int], budget: int, current: int) -> i
 
 
 def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, current: Optional[int],
-                 latest_peak: Optional[int], latest_batch: Optional[int], cfg: PolicyConfig) -> Tuple[int, str]:
-    """(limit, reason) from the curve and the budget alone."""
+                 latest_peak: Optional[int], latest_batch: Optional[int], cfg: PolicyConfig,
+                 killed: Optional[int] = None) -> Tuple[int, str]:
+    """(limit, reason) from the curve and the budget alone. ``killed``: a batch at which the OOM
+    killer ended a run of this job (ControlState.killed): its default counts for nothing then."""
     start = limits.default_batch or limits.target or max(limits.min_batch, FIRST_BATCH)
     if limits.max_batch is not None:
         start = min(start, limits.max_batch)
+    if killed is not None and latest_batch is None and current is not None and (curve is None or budget is None):
+        return current, "%d: a run of this job was killed at %d by the kernel's OOM killer; it starts from the " \
+            "largest batch an earlier run completed a step at below that (else its min_batch) and learns up" % (
+                current, killed)
     if curve is None or budget is None:
         if curve is None and latest_batch is not None:
             # Only the first step reported: optimizers allocate their state on it.
@@ -435,10 +458,12 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         # Earlier runs of this job in this pool learned it (and this run has not reported past
         # its warm-up yet): where they say it fits now, no higher than the largest batch they
         # ran, or than the job's own default if that is larger.
-        ran = max([b for b, _ in curve.observed] + [limits.default_batch or limits.target or FIRST_BATCH])
+        asked = [] if killed is not None else [limits.default_batch or limits.target or FIRST_BATCH]
+        ran = max([b for b, _ in curve.observed] + asked)
         first = max(1, min(fits, ran))
-        return first, "%d from earlier runs of this job: predicted peak %.2f GiB of a %.2f GiB budget" % (
-            first, curve.peak(first) / GiB, budget / GiB)
+        return first, "%d from earlier runs of this job: predicted peak %.2f GiB of a %.2f GiB budget%s" % (
+            first, curve.peak(first) / GiB, budget / GiB,
+            "" if killed is None else " (one was killed at %d by the kernel's OOM killer)" % killed)
     if curve.source == "prior" and curve.batch_sizes == 0:
         # Only a prior: start no higher than the job's default, or half what the prior allows.
         first = min(start, fits) if limits.default_batch else max(limits.min_batch, fits // 2)
@@ -473,7 +498,7 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
             "unused)" % (probe, anchor, (budget - latest_peak) / GiB)
     peak = curve.peak(max(fits, 1))
     seen = dict(curve.observed).get(fits)
-    if peak > budget and seen is not None:  # kept by its own steps there (Curve.max_batch), not by the line
+    if curve.line(max(fits, 1)) > budget and seen is not None:  # kept by its own steps there, not by the line
         return fits, "%d fits: its steps there peaked at %.2f GiB of a %.2f GiB budget" % (
             fits, seen / GiB, budget / GiB)
     if curve.source == "bound" and not curve.fixed_bytes:

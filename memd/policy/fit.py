@@ -92,6 +92,10 @@ class Curve:
     # An overshoot is a kill (host RAM, unified memory), not a catchable error: a peak seen at a
     # batch, or at a smaller one, is a floor for the prediction there, never forgiven as a spike.
     kills: bool = False
+    # Where an overshoot kills: (b1, top1, b2, top2), the two largest batch sizes seen and their
+    # highest reports (b1 0 when one was seen); past b2 a plan's prediction is no lower than a
+    # convex curve through them would reach (upper, convex_past).
+    beyond: Optional[Tuple[int, float, int, float]] = None
 
     def line(self, batch: float) -> float:
         zs, n, mean, sxx = self.band
@@ -107,10 +111,32 @@ class Curve:
         return line if self.cap is None else min(line, self.cap[0] + self.cap[1] * batch)
 
     def peak(self, batch: int) -> float:
-        # A report can sit noise below the truth and the next step noise above it: 2 x noise.
-        seen = [top * (1 + 2 * self.noise) for s, top in self.observed if s >= batch]
+        """The predicted peak at ``batch``: the line, or the highest report at this batch or a
+        larger one plus the noise, if lower; never below what was seen (floor). It fits a budget
+        exactly when max_batch says the batch does (tests/test_invariants.py)."""
+        seen = [top * (1 + self.noise) for s, top in self.observed if s >= batch]
         predicted = min([self.line(batch)] + seen)
         return max(predicted, self.floor(batch))
+
+    def upper(self, batch: int) -> float:
+        """The predicted peak a plan is held to (invariants.py): ``peak``, and past the largest
+        batch seen where an overshoot kills, no lower than a convex curve through the largest
+        measured steps would reach (convex_past)."""
+        predicted = self.peak(batch)
+        if self.beyond is not None and batch > self.beyond[2]:
+            predicted = max(predicted, convex_past(self.beyond, batch, self.noise))
+        return predicted
+
+    def safe_batch(self, budget_bytes: float) -> int:
+        """The largest batch whose ``upper`` fits ``budget_bytes``: max_batch, and past the largest
+        batch seen (where an overshoot kills) no further than the convex bound allows."""
+        fits = self.max_batch(budget_bytes)
+        beyond = self.beyond
+        if beyond is None or fits <= beyond[2]:
+            return fits
+        ran = beyond[2]
+        proven = largest(lambda b: b <= ran or convex_past(beyond, b, self.noise) <= budget_bytes, near=ran)
+        return max(ran if self.peak(ran) <= budget_bytes else 0, min(fits, proven))
 
     def floor(self, batch: int) -> float:
         """What a step at ``batch`` has been seen to reach (0 unless ``kills``): peaks grow with
@@ -145,6 +171,21 @@ class Curve:
 
 
 LARGEST = 1 << 20  # no batch is larger
+
+
+def convex_past(beyond: Tuple[int, float, int, float], batch: float, noise: float) -> float:
+    """An upper bound, past the largest batch seen, on a peak that grows with the batch no faster
+    than a quadratic with nonnegative terms (fixed + a b + q b^2: a model's activations are
+    linear in the batch, a contrastive loss's logits b x b). From two batch sizes b1 < b2, such a
+    curve rises past b2 by at most the slope between them times (b + b2) / (b1 + b2); from one,
+    it is at most its peak times (b / b2)^2. A line through the two largest batch sizes of a
+    quadratic job planned a batch whose step it could not hold (tests/test_invariants.py)."""
+    b1, top1, b2, top2 = beyond
+    anchor = top2 * (1 + noise)
+    if b1 <= 0 or b2 <= b1:
+        return anchor * (batch / b2) ** 2
+    slope = max(0.0, (top2 - top1) / (b2 - b1))
+    return anchor + slope * (batch - b2) * (batch + b2) / (b1 + b2)
 
 
 def _meets(fixed: float, per_sample: float, budget: float) -> Optional[int]:
@@ -229,7 +270,12 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     else:
         curve = _near_the_largest(points if kills else _without_spiked_batch(points, noise), base, noise,
                                   1.0 if kills else HIGH)
-    return evolve(curve, observed=tuple([(p.batch, p.top) for p in points]), noise=noise, kills=kills)
+    observed = tuple([(p.batch, p.top) for p in points])
+    beyond = None
+    if kills:
+        b1, top1 = observed[-2] if len(observed) > 1 else (0, 0.0)
+        beyond = (b1, top1) + observed[-1]
+    return evolve(curve, observed=observed, noise=noise, kills=kills, beyond=beyond)
 
 
 def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]], List[int], List[List[int]]]:

@@ -59,7 +59,8 @@ def render(curves: List[Dict[str, Any]]) -> str:
                   _field("pool", c["pool"]),
                   _field("owner", _owner(c.get("owner"))),
                   _field("updated", time.strftime("%Y-%m-%d %H:%M", time.localtime(c["updated"]))),
-                  _field("ceiling", "none" if ceiling is None else _ceiling(ceiling, c.get("clean_runs") or 0))]
+                  _field("ceiling", "none" if ceiling is None else _ceiling(ceiling, c.get("clean_runs") or 0,
+                                                                             c.get("ceiling_cause")))]
         lines += _wrapped("peak GiB", "at batch", _by_batch(c.get("points") or [])) or [_field("peak GiB", "no points")]
     return "\n".join(lines) + "\n"
 
@@ -77,7 +78,9 @@ def _owner(owner: Optional[str]) -> str:
         return owner
 
 
-def _ceiling(ceiling: int, clean_runs: int) -> str:
+def _ceiling(ceiling: int, clean_runs: int, cause: Optional[str] = None) -> str:
+    if cause == "kill":
+        return "%d (kill: the kernel's OOM killer ended a run above it; kept until `memd forget`)" % ceiling
     left = max(1, CLEAN_RUNS - clean_runs)
     return "%d (out of memory above it; lifted after %d more clean run%s)" % (
         ceiling, left, "" if left == 1 else "s")

@@ -42,6 +42,7 @@ class Core:
     sessions_expired: int = 0
     epoch: int = 0  # bumped by the server thread whenever a session changes (see memd.ops.memo.decide)
     ooms_reported: int = 0
+    kills_learned: int = 0  # sessions whose process the OOM killer ended (ops.lifecycle.learn_kill)
     log_throttle: Throttle = field(default_factory=Throttle)  # what a client's request may make the daemon log
     session_log: Budget = field(default_factory=Budget)  # session_opened / session_closed lines
     oom_log: Budget = field(default_factory=Budget)  # oom_reported lines (apart: a flood of sessions hides none)

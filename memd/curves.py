@@ -34,6 +34,7 @@ def view(job: str, pool: str, memory: Memory) -> Dict[str, Any]:
         "points": [[o.batch, o.peak_bytes] for o in memory.observations],
         "owner": owner_of(pool),
         "ceiling": memory.ceiling,
+        "ceiling_cause": memory.cause if memory.ceiling is not None else None,
         "clean_runs": memory.clean_runs,
         "updated": int(memory.updated),
     }

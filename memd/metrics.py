@@ -135,6 +135,8 @@ class MemdCollector:
                                   value=core.sessions_expired)
         yield CounterMetricFamily("memd_training_ooms", "Out-of-memory errors reported by all sessions",
                                   value=core.ooms_reported)
+        yield CounterMetricFamily("memd_training_oom_kills", "Advised jobs the kernel's OOM killer ended, each "
+                                  "learned as an out-of-memory at its batch", value=core.kills_learned)
         if core.snapshot is not None:
             yield _gauge("memd_sample_duration_seconds", "Time the last sample took", core.snapshot.duration_seconds)
             yield _gauge("memd_last_sample_timestamp_seconds", "Wall-clock time of the last sample",

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import structlog
 
@@ -32,6 +32,7 @@ VERSION = 1
 MAX_JOBS = 512  # curves of local jobs (and, apart, of CURVE keys: each its own class, so neither evicts the other)
 MAX_JOBS_PER_KEY = 32  # curves one CURVE key keeps: beyond, its own least recently used go
 MAX_POINTS = 32
+CAUSES = ("oom", "kill")  # why a ceiling is there: a caught out-of-memory error, or the OOM killer
 MAX_KEY_CHARS = 512  # "job|pool": a job name (128) and a pool key the daemon made; bounds a `curves` entry
 MAX_INT = 2 ** 63 - 1  # what msgpack carries: a hand-edited file's 10**30 would fail every reply that shows it
 TEMP_PREFIX = ".curves."
@@ -47,6 +48,9 @@ class Memory:
     ceiling: Optional[int]
     updated: float
     clean_runs: int = 0  # runs since the ceiling that went clean at it (sessions.SessionRecord.learned)
+    # Why there is a ceiling: "oom" (a step's out-of-memory error, reported) or "kill" (the kernel's
+    # OOM killer ended the job: memd.ops.lifecycle.learn_kill)
+    cause: Optional[str] = None
 
 
 class StateStore:
@@ -139,7 +143,7 @@ class StateStore:
         return sorted(dropped)
 
     def remember(self, job: str, pool_key: str, observations: List[Observation], ceiling: Optional[int],
-                 clean_runs: int = 0) -> None:
+                 clean_runs: int = 0, cause: Optional[str] = None) -> None:
         points = [[o.batch, o.peak_bytes] for o in observations if o.peak_bytes > 0]
         if len(points) > MAX_POINTS:  # the oldest of the most repeated batch size goes (SessionRecord.observe)
             points = trimmed(points, MAX_POINTS)
@@ -152,9 +156,11 @@ class StateStore:
         if len(key) > MAX_KEY_CHARS:  # cannot happen (a job is 128 characters, NVML's names 96): the bound holds
             log.warning("state_key_too_long", job=job[:128], pool=pool_key[:128])
             return
-        entry = {"points": points, "ceiling": ceiling, "updated": time.time()}
+        entry: Dict[str, Any] = {"points": points, "ceiling": ceiling, "updated": time.time()}
         if ceiling is not None and clean_runs:
             entry["clean"] = clean_runs
+        if ceiling is not None and cause in CAUSES:
+            entry["cause"] = cause
         self._drop(key)  # re-insert: dict order is the LRU order
         self._jobs[key] = entry
         owner = owner_of(key)
@@ -325,7 +331,8 @@ def trimmed(points: List[List[int]], keep: int) -> List[List[int]]:
 
 def _memory(entry: dict) -> Memory:
     points = tuple(Observation(int(b), int(p)) for b, p in entry["points"])
-    return Memory(points, entry.get("ceiling"), float(entry.get("updated", 0)), entry.get("clean", 0))
+    return Memory(points, entry.get("ceiling"), float(entry.get("updated", 0)), entry.get("clean", 0),
+                  entry.get("cause"))
 
 
 def _valid(key: object, entry: object) -> bool:
@@ -340,6 +347,8 @@ def _valid(key: object, entry: object) -> bool:
     if ceiling is not None and not _count(ceiling):
         return False
     if "clean" in entry and not (_count(entry["clean"]) and entry["clean"] < 1000):
+        return False
+    if "cause" in entry and entry["cause"] not in CAUSES:
         return False
     if not isinstance(updated, (int, float)) or isinstance(updated, bool) or not math.isfinite(updated):
         return False

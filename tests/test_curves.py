@@ -132,7 +132,8 @@ def test_a_page_starts_after_its_cursor_even_when_that_entry_is_gone(tmp_path):
     everything = page(store.keys(), store.recall)
     assert [c["job"] for c in everything["curves"]] == ["job2", "job3", "job4"] and everything["next"] is None
     assert everything["curves"][0] == {"job": "job2", "pool": "host:59", "points": [[4, 10]], "owner": None,
-                                       "ceiling": None, "clean_runs": 0, "updated": everything["curves"][0]["updated"]}
+                                       "ceiling": None, "ceiling_cause": None, "clean_runs": 0,
+                                       "updated": everything["curves"][0]["updated"]}
     assert isinstance(everything["curves"][0]["updated"], int)
 
 

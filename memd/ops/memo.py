@@ -31,12 +31,29 @@ def decide(core: Core, session: SessionRecord) -> Decision:
         return cached[1]
     previous = session.plan
     decision = plan_session(session, key[0], key[1].level, core.sessions, key[2], key[3].policy)
+    mark_kills(session, key[0], key[2])
     if decision.plan != previous:
         core.epoch += 1  # the pool's other sessions reserve this one's growth: they decide again
         if previous is not None and decision.plan.batch_size != previous.batch_size:
             _log_change(core, session, previous.batch_size, decision)
     session.decided = (key[:4] + (core.epoch,), decision)
     return decision
+
+
+def mark_kills(session: SessionRecord, snap: Snapshot, jobs) -> None:
+    """The OOM killer's counts as of this decision, in the job's group (one with a limit: the
+    pool that would kill it) and on the host, for lifecycle.killed_batch; before its first read,
+    in the group read at its hello."""
+    if not session.local:
+        return
+    job = jobs.get(session.pid)
+    if job is not None and not job.alive:
+        return
+    cg = job.cgroup if job is not None else session.cgroup
+    if cg is None or cg.limit_bytes is None:
+        session.kill_marks = (None, 1, None, snap.oom_kills)
+    else:
+        session.kill_marks = (cg.path, cg.version, cg.oom_kill_events, snap.oom_kills)
 
 
 def snapshot(core: Core) -> Snapshot:

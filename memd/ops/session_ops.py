@@ -82,6 +82,7 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None, key: Opt
     user in the sharing of slots.
     """
     asked = read_hello(req)
+    lifecycle.expire(core)  # a job the OOM killer just ended is learned before its restart says hello
     pid, host, pid_ns = watch.as_seen_here(core, asked.pid, asked.host, asked.pid_ns, asked.start_time, peer)
     asked = asked._replace(pid=pid, host=host, pid_ns=pid_ns)  # a job in a container, as seen from here
     local, unwatched = watch.watchable(core, asked.host, asked.pid, asked.pid_ns, asked.start_time, peer)
@@ -104,9 +105,14 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None, key: Opt
     if memory is not None:
         session.remembered = list(memory.observations)
         if memory.ceiling is not None:  # an earlier run ran out of memory above it: start below
-            session.state = ControlState(ceiling=max(asked.limits.min_batch, memory.ceiling),
-                                         stable=core.config.policy.stable_steps)
+            ceiling = max(asked.limits.min_batch, memory.ceiling)
+            session.state = ControlState(ceiling=ceiling, stable=core.config.policy.stable_steps)
             session.inherited_ceiling, session.clean_runs = memory.ceiling, memory.clean_runs
+            session.ceiling_cause = memory.cause
+            if memory.cause == "kill":
+                # Killed: start where an earlier run's step ran, below the kill, else at min_batch.
+                ran = max([o.batch for o in memory.observations if o.batch <= ceiling], default=asked.limits.min_batch)
+                session.state = replace(session.state, killed=ceiling + 1, batch=ran)
     if asked.running is not None:  # a running job saying hello again (the daemon restarted): hold what it runs
         session.state = replace(session.state, batch=asked.running)
         session.rejoined = True
@@ -213,6 +219,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     fields.number(req, "step_seconds")
     if batch_bytes is not None:
         session.batch_bytes = batch_bytes
+    session.reports_peaks = peak is not None
     if peak is None:
         peak = watch.measure_peak(core, session)
     waiting = settling(session)  # the plan waits for a second step at its batch
@@ -225,6 +232,7 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
         session.latest_peak, session.latest_batch = peak, batch
         session.note_peak(core.clock(), peak)
     session.reports += 1
+    session.reported_at.append(core.clock())
     session.ooms_unrecovered = 0  # a completed step: memd's answer to its OOMs worked
     if session.at_ceiling and batch == session.state.batch:
         session.ceiling_steps += 1  # a clean step held at its ceiling (SessionRecord.learned)
@@ -269,6 +277,7 @@ def oom(core: Core, req: Dict[str, Any]) -> Result:
     session.ooms += 1
     session.ooms_unrecovered += 1
     session.note_oom(core.clock())
+    session.ceiling_cause = session.ceiling_cause or "oom"
     core.ooms_reported += 1
     session.state = after_oom(session.state, batch, session.limits, core.config.policy)
     core.epoch += 1
@@ -289,5 +298,8 @@ def bye(core: Core, req: Dict[str, Any]) -> Result:
     token = fields.text(req, "token", required=True)
     session = core.sessions.close(token)
     if session is not None:
+        killed = lifecycle.killed_batch(core, session, bye=True)  # its worker was killed, and the loop gave up
+        if killed is not None:
+            lifecycle.learn_kill(core, session, killed)
         lifecycle.end(core, session, "bye")
     return {}

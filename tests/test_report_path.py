@@ -220,7 +220,10 @@ def fit_as_it_was(observations, prior=None, noise=fitting.NOISE, kills=False):
     observations = [o for o in observations if not o.warmup]
     if any(o.settling for o in observations):
         settled = {o.batch for o in observations if not o.settling}
-        observations = [o for o in observations if not (o.settling and o.batch in settled)]
+        top = {b: max((o.peak_bytes for o in observations if o.batch == b and not o.settling), default=0)
+               for b in settled}
+        observations = [o for o in observations if not (o.settling and o.batch in settled) or (
+            kills and o.settling and o.batch in settled and o.peak_bytes > top[o.batch] and top[o.batch] > 0)]
     points = fitting.aggregate(observations, forgive_spikes=not kills)
     if not points:
         if prior is None:
@@ -234,7 +237,7 @@ def fit_as_it_was(observations, prior=None, noise=fitting.NOISE, kills=False):
         curve = fitting._near_the_largest(points if kills else fitting._without_spiked_batch(points, noise), base,
                                           noise, 1.0 if kills else fitting.HIGH)
     observed = tuple((p.batch, p.top) for p in points)
-    beyond = ((observed[-2] if len(observed) > 1 else (0, 0.0)) + observed[-1]) if kills else None
+    beyond = observed[-2] + observed[-1] if kills and len(observed) > 1 else None
     return evolve(curve, observed=observed, noise=noise, kills=kills, beyond=beyond)
 
 

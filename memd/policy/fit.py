@@ -93,8 +93,8 @@ class Curve:
     # batch, or at a smaller one, is a floor for the prediction there, never forgiven as a spike.
     kills: bool = False
     # Where an overshoot kills: (b1, top1, b2, top2), the two largest batch sizes seen and their
-    # highest reports (b1 0 when one was seen); past b2 a plan's prediction is no lower than a
-    # convex curve through them would reach (upper, convex_past).
+    # highest reports; past b2 a plan's prediction is no lower than a convex curve through them
+    # would reach (upper, convex_past). None before two batch sizes.
     beyond: Optional[Tuple[int, float, int, float]] = None
 
     def line(self, batch: float) -> float:
@@ -177,15 +177,14 @@ def convex_past(beyond: Tuple[int, float, int, float], batch: float, noise: floa
     """An upper bound, past the largest batch seen, on a peak that grows with the batch no faster
     than a quadratic with nonnegative terms (fixed + a b + q b^2: a model's activations are
     linear in the batch, a contrastive loss's logits b x b). From two batch sizes b1 < b2, such a
-    curve rises past b2 by at most the slope between them times (b + b2) / (b1 + b2); from one,
-    it is at most its peak times (b / b2)^2. A line through the two largest batch sizes of a
-    quadratic job planned a batch whose step it could not hold (tests/test_invariants.py)."""
+    curve rises past b2 by at most the slope between them times (b + b2) / (b1 + b2). A line
+    through the two largest batch sizes of a quadratic job planned a batch whose step it could not
+    hold (tests/test_invariants.py). From one batch size no slope is known: its peak as all per
+    sample (a bound Curve) and max_growth stand for it, as a quadratic through the one peak held a
+    job that started at batch 1 (0.24 GiB, mostly its framework) there for good."""
     b1, top1, b2, top2 = beyond
-    anchor = top2 * (1 + noise)
-    if b1 <= 0 or b2 <= b1:
-        return anchor * (batch / b2) ** 2
     slope = max(0.0, (top2 - top1) / (b2 - b1))
-    return anchor + slope * (batch - b2) * (batch + b2) / (b1 + b2)
+    return top2 * (1 + noise) + slope * (batch - b2) * (batch + b2) / (b1 + b2)
 
 
 def _meets(fixed: float, per_sample: float, budget: float) -> Optional[int]:
@@ -255,7 +254,7 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
     forgiven as a spike and a seen peak floors the prediction (Curve.floor). A warm-up
     observation counts only while it is the only one: then nothing is fitted; a settling one
     only until a later report at its batch size exists."""
-    by_batch, bases, stays = credible(observations)
+    by_batch, bases, stays = credible(observations, kills)
     keep = list if kills else _without_isolated_spike
     points = [point(batch, tuple(sorted(keep(by_batch[batch])))) for batch in sorted(by_batch)]
     if not points:
@@ -271,19 +270,20 @@ def fit(observations: Sequence[Observation], prior: Optional[Prior] = None, nois
         curve = _near_the_largest(points if kills else _without_spiked_batch(points, noise), base, noise,
                                   1.0 if kills else HIGH)
     observed = tuple([(p.batch, p.top) for p in points])
-    beyond = None
-    if kills:
-        b1, top1 = observed[-2] if len(observed) > 1 else (0, 0.0)
-        beyond = (b1, top1) + observed[-1]
+    beyond = observed[-2] + observed[-1] if kills and len(observed) > 1 else None
     return evolve(curve, observed=observed, noise=noise, kills=kills, beyond=beyond)
 
 
-def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]], List[int], List[List[int]]]:
+def credible(observations: Iterable[Observation],
+             kills: bool = False) -> Tuple[Dict[int, List[int]], List[int], List[List[int]]]:
     """fit's reports in one pass over them: each batch size's credible peaks (in no particular
     order: fit sorts them), the positive bases of the reports kept (warm-ups out, settling ones
-    out where their batch size has a settled report) and each stay's settled peaks (shown_spread).
-    fit once made five passes (the first two, then aggregate and _base), each reading every one
-    of a session's 64 records."""
+    out where their batch size has a settled report, unless, where an overshoot kills, one peaked
+    above every settled report there: a step the job can take again) and each stay's settled
+    peaks (shown_spread). fit once made five passes (the first two, then aggregate and _base),
+    each reading every one of a session's 64 records. A job whose step one in twenty peaked
+    higher took that step first at a new batch: dropped as a first step's (which runs low), it
+    was forgotten, and the next one killed the job (bench/exam.py, tests/test_invariants.py)."""
     by_batch: Dict[int, List[int]] = {}  # every settled report's batch size, even one with no credible peak
     settling: List[Observation] = []
     bases: List[int] = []
@@ -309,7 +309,12 @@ def credible(observations: Iterable[Observation]) -> Tuple[Dict[int, List[int]],
         if obs.base_bytes is not None and obs.base_bytes > 0:
             bases.append(obs.base_bytes)
     unsettled: Dict[int, List[int]] = {}  # the settling reports at a batch size with no settled one
+    tops = {b: max(peaks) for b, peaks in by_batch.items() if peaks} if kills else {}
     for obs in settling:
+        if obs.batch in tops and obs.peak_bytes > tops[obs.batch]:
+            by_batch[obs.batch].append(obs.peak_bytes)
+            if obs.base_bytes is not None and obs.base_bytes > 0:
+                bases.append(obs.base_bytes)
         if obs.batch not in by_batch:
             unsettled.setdefault(obs.batch, [])
             if obs.peak_bytes > 0:

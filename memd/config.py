@@ -60,6 +60,12 @@ class PolicyConfig:
     # How long memory that grew outside a pool's sessions (another process of the job's group, of
     # the host) keeps its rate of growth held back from their budgets (planner.growth_ahead).
     others_horizon_seconds: float = 10.0
+    # Where an overshoot kills, a job's first spike_steps reports leave spike_reserve of its step's
+    # own memory (the peak above the curve's fixed part) unplanned: a rarer step that peaks higher
+    # (an evaluation, a long batch, one step in twenty twice the others) shows meanwhile, and its
+    # report then bounds the curve (invariants.py; tests/test_invariants.py pins both).
+    spike_steps: int = 24
+    spike_reserve: float = 0.5
 
 
 @dataclass(frozen=True)

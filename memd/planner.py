@@ -285,10 +285,18 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
     if pool.name != budget.HOST or pool.own_bytes is None or job is None:
         return pool
     rooms = session.planner.rooms
-    # The batches on their way from its workers (being collated, or queued where no process maps
-    # them) are theirs too: with two workers at batch 600 they came and went by 19 MiB at a time,
-    # 0-75 MiB, read to read.
-    workers = sum(b for b in job.worker_bytes if b > 0) + (job.in_flight_shmem_bytes or 0)
+    if len(job.processes) == 1:
+        # A trainer alone: the shared memory of its group no process maps is the step's it just
+        # unmapped, until the kernel frees it. Read as another's, a job whose steps held 0.7 GiB
+        # of /dev/shm, its decisions made on the reads just after its steps, was budgeted that
+        # much low and its plan swung 93 -> 226 -> 111 (bench/exam.py).
+        pool = evolve(pool, own_bytes=pool.own_bytes + job.unmapped_shmem_bytes)
+        workers = 0
+    else:
+        # The batches on their way from its workers (being collated, or queued where no process
+        # maps them) are theirs too: with two workers at batch 600 they came and went by 19 MiB
+        # at a time, 0-75 MiB, read to read.
+        workers = sum(b for b in job.worker_bytes if b > 0) + (job.in_flight_shmem_bytes or 0)
     if not rooms or rooms[-1][0] != job.read_at:
         rooms.append((job.read_at, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
     room = max(r + w for _, capacity, r, w in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's only
@@ -374,6 +382,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
         latest_peak=session.latest_peak, latest_batch=session.latest_batch,
         held_peak=held_now, settling=settling(session), budget_bytes=kept,
         workers=workers, grow_dip=dip, read=job.read_at if job is not None else snapshot.monotonic,
+        steps=session.reports + len(session.remembered),  # the steps earlier runs showed count too
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:

@@ -134,7 +134,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
            workers: Optional[WorkerFacts] = None, host_total_bytes: Optional[int] = None,
            host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
            settling: bool = False, budget_bytes: Optional[int] = None, grow_dip: int = 0,
-           read: Optional[float] = None) -> Decision:
+           read: Optional[float] = None, steps: Optional[int] = None) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
     measured; by default its latest peak. ``settling``: the latest report is the first at its
     batch since a change (fit.Observation.settling). ``budget_bytes``: the budget to keep instead
@@ -142,7 +142,8 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     with it. ``grow_dip``: how much lower the pool's room was within the horizon; growth waits
     for room at the lowest (planner.room_dip), while a cut goes by the room now. ``read``: when the
     pool was read (a deep cut waits for a second read: invariants.keep_promises, which bounds
-    every plan last)."""
+    every plan last); ``steps``: the reports the job made this run (its first spike_steps leave
+    room for a rarer step: invariants, 4.)."""
     budget: Optional[int]
     if budget_bytes is not None:
         budget = budget_bytes
@@ -247,7 +248,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
 
     promised = keep_promises(limit, reason, current, curve, budget, limits.min_batch, level, cfg,
                              kills=curve is not None and curve.kills, read=read, pending=state.pending,
-                             evidence=evidence if limit == current else None, before=state.budget)
+                             evidence=evidence if limit == current else None, before=state.budget, steps=steps)
     limit, reason, budget = promised.limit, promised.reason, promised.budget
 
     # Every reason leads with the plan's own batch: a move that allowed another number says so
@@ -440,8 +441,8 @@ def _memory_move(curve: Optional[Curve], budget: Optional[int], limits: Limits, 
         start = min(start, limits.max_batch)
     if killed is not None and latest_batch is None and current is not None and (curve is None or budget is None):
         return current, "%d: a run of this job was killed at %d by the kernel's OOM killer; it starts from the " \
-            "largest batch an earlier run completed a step at below that (else its min_batch) and learns up" % (
-                current, killed)
+            "largest batch an earlier run completed a step at, at most half of that (else its min_batch), and " \
+            "learns up" % (current, killed)
     if curve is None or budget is None:
         if curve is None and latest_batch is not None:
             # Only the first step reported: optimizers allocate their state on it.

@@ -18,6 +18,11 @@ bound it, in one place, so that no move, however it reasons, can break them:
    trainer unmapped it) is held until another read shows it too. Meanwhile the plan keeps the
    budget of the read before, the one its batch fits.
 
+4. Where an overshoot kills, the job's first spike_steps reports plan no more than leaves
+   spike_reserve of its step's own memory free: a rarer step (an evaluation, one long batch in
+   twenty) shows meanwhile and bounds the curve from then on. What is rarer, or peaks higher,
+   cannot be seen coming (docs/policy.md).
+
 An out-of-memory error needs no exception here: it cuts the control state (controller.after_oom)
 before the decision, which then moves from the cut.
 """
@@ -28,7 +33,7 @@ from typing import NamedTuple, Optional, Tuple
 from memd.config import PolicyConfig
 from memd.units import GiB
 
-from .fit import Curve
+from .fit import Curve, largest
 
 
 class Kept(NamedTuple):
@@ -44,7 +49,8 @@ class Kept(NamedTuple):
 def keep_promises(limit: int, reason: str, current: Optional[int], curve: Optional[Curve], budget: Optional[int],
                   min_batch: int, level: str, cfg: PolicyConfig, kills: bool,
                   read: Optional[float] = None, pending: Optional[Tuple[int, float, int]] = None,
-                  evidence: Optional[int] = None, before: Optional[int] = None) -> Kept:
+                  evidence: Optional[int] = None, before: Optional[int] = None,
+                  steps: Optional[int] = None) -> Kept:
     """``limit`` (the moves' batch, before the job's min/max and the effective-batch split) bounded
     by the promises above, with its reason and the budget it keeps. ``read``: the sample the
     decision is made on (None: each call is a read of its own); ``pending``: a deep cut the read
@@ -52,7 +58,8 @@ def keep_promises(limit: int, reason: str, current: Optional[int], curve: Option
     which a cut that waits keeps; ``evidence``: the peak of the latest step at ``limit``, the
     job's current batch, where a move keeps it on that step's word (a batch beside workers whose
     steps fit, within the budget of its workers' latest reads and the margin's spare part:
-    controller.decide). That step is the batch's prediction, and the budget is at least it."""
+    controller.decide). That step is the batch's prediction, and the budget is at least it.
+    ``steps``: the reports the job made this run (None: not counted, no spike reserve)."""
     if evidence is not None and current is not None and limit == current and budget is not None:
         return Kept(limit, reason, max(budget, evidence), None, evidence)
     if curve is not None and budget is not None:
@@ -62,6 +69,12 @@ def keep_promises(limit: int, reason: str, current: Optional[int], curve: Option
                 fits, curve.upper(fits) / GiB, budget / GiB, "" if curve.max_batch(budget) <= fits else
                 ", its peak past the largest batch it has run taken to grow as a convex curve through its largest "
                 "steps")
+    if kills and curve is not None and budget is not None and steps is not None and steps < cfg.spike_steps:
+        spared = reserved_batch(curve, budget, cfg.spike_reserve)
+        if limit > max(spared, current or 0, min_batch):
+            limit, reason = max(spared, current or 0, min_batch), "%d: for its first %d steps a job leaves %.0f %% " \
+                "of its step's own memory unplanned, in case a rarer step peaks higher (%d so far; %d would fit)" % (
+                    max(spared, current or 0, min_batch), cfg.spike_steps, 100 * cfg.spike_reserve, steps, limit)
     if kills and curve is not None and curve.observed:
         ran = max(b for b, _ in curve.observed)
         top = max(ran + 1, int(ran * cfg.max_growth))
@@ -81,3 +94,11 @@ def keep_promises(limit: int, reason: str, current: Optional[int], curve: Option
                     "next read confirms it or not" % (floor, start, budget / GiB, limit), before,
                     (budget, -1.0 if read is None else read, start))
     return Kept(limit, reason, budget, None)
+
+
+def reserved_batch(curve: Curve, budget: int, reserve: float) -> int:
+    """The largest batch whose predicted peak, its part above the curve's fixed memory raised by
+    ``reserve``, fits ``budget`` (0 when none does)."""
+    fixed = curve.fixed_bytes
+    return largest(lambda b: curve.upper(b) + reserve * max(0.0, curve.upper(b) - fixed) <= budget,
+                   near=curve.safe_batch(budget) or None)

@@ -156,6 +156,7 @@ class SessionRecord:
     # Its latest report said its peak (else the daemon measured it): on the host its peaks are then
     # taken to count its resident set, file pages included (budget.host_pool's ``resident``)
     reports_peaks: bool = False
+    held_before_steps: Optional[int] = None  # what its trainer held as it said hello (watch.held_now)
     # The OOM killer's counts as of its latest decision: (its group's path, cgroup version, the
     # group's kills, the host's), to tell a process that vanished from one that was killed
     kill_marks: Optional[Tuple[Optional[str], int, Optional[int], Optional[int]]] = None

@@ -110,12 +110,16 @@ def hello(core: Core, req: Dict[str, Any], peer: Optional[Peer] = None, key: Opt
             session.inherited_ceiling, session.clean_runs = memory.ceiling, memory.clean_runs
             session.ceiling_cause = memory.cause
             if memory.cause == "kill":
-                # Killed: start where an earlier run's step ran, below the kill, else at min_batch.
+                # Killed: start where an earlier run's step ran, below the kill and at most half way
+                # to it (a rarer step than any it reported may have killed it), else at min_batch.
                 ran = max([o.batch for o in memory.observations if o.batch <= ceiling], default=asked.limits.min_batch)
-                session.state = replace(session.state, killed=ceiling + 1, batch=ran)
+                start = max(asked.limits.min_batch, min(ran, (ceiling + 1) // 2))
+                session.state = replace(session.state, killed=ceiling + 1, batch=start)
     if asked.running is not None:  # a running job saying hello again (the daemon restarted): hold what it runs
         session.state = replace(session.state, batch=asked.running)
         session.rejoined = True
+    elif local:
+        session.held_before_steps = watch.held_now(core, asked.pid)
     decision = memo.decide(core, session)
     held = core.session_log.allow()
     if held is not None:
@@ -222,6 +226,8 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     session.reports_peaks = peak is not None
     if peak is None:
         peak = watch.measure_peak(core, session)
+        if peak is not None and base is None and session.pool == "host":
+            base = session.held_before_steps  # in the units the daemon measures the peak in
     waiting = settling(session)  # the plan waits for a second step at its batch
     if peak:
         observation = Observation(batch, peak, base, warmup=not session.observations,

@@ -94,3 +94,13 @@ def measure_peak(core: Core, session: SessionRecord) -> Optional[int]:
     peak = procs.read_peak(session.pid, core.proc_root)
     procs.reset_peak_rss(session.pid, core.proc_root)
     return peak
+
+
+def held_now(core: Core, pid: int) -> Optional[int]:
+    """What the job's trainer holds now, in its pool's units (its resident set less its file
+    pages: JobMemory.trainer_held_bytes), read as it says hello, before its first step: the
+    framework, the model, the data it loaded; nothing its batch costs yet. The memory every step
+    holds whatever its batch (Observation.base_bytes): a job whose first batch of 1 peaked at 2.08
+    GiB beside 2.06 of it was bounded at 2.08 GiB a sample, and held at 1 for good."""
+    resident = procs.read_resident(pid, core.proc_root)
+    return None if resident is None else max(0, resident[0] - resident[1])

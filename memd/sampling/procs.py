@@ -232,15 +232,16 @@ def read_rss(pid: int, proc_root: str = "/proc") -> Optional[int]:
         return None
 
 
-def read_resident(pid: int, proc_root: str = "/proc") -> Optional[Tuple[int, int]]:
-    """(resident set, the part of it mapped from files) now, from one read of /proc/PID/status
-    (~25 us). The file pages are page cache: a pool counts them as reclaimable, so what the
-    process holds there is the rest (its anonymous and shared memory). None when unreadable."""
-    found = _status_fields(os.path.join(proc_root, str(pid)), ("VmRSS:", "RssFile:"))
+def read_resident(pid: int, proc_root: str = "/proc") -> Optional[Tuple[int, int, Optional[int]]]:
+    """(resident set, the part of it mapped from files, the part that is shared memory) now, from
+    one read of /proc/PID/status (~25 us). The file pages are page cache: a pool counts them as
+    reclaimable, so what the process holds there is the rest (its anonymous and shared memory).
+    None when unreadable; the shared part None where it is not known."""
+    found = _status_fields(os.path.join(proc_root, str(pid)), ("VmRSS:", "RssFile:", "RssShmem:"))
     if found is None or found[0] is None:
         rss = read_rss(pid, proc_root)  # no status to read (a fixture tree): statm, its files unknown
-        return None if rss is None else (rss, 0)
-    return found[0], found[1] or 0
+        return None if rss is None else (rss, 0, None)
+    return found[0], found[1] or 0, found[2]
 
 
 def read_peak(pid: int, proc_root: str = "/proc") -> Optional[int]:

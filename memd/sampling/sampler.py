@@ -16,6 +16,7 @@ from .snapshot import Gpu, GpuProcess, JobMemory, Snapshot, SystemMemory, gpu_by
 
 Errors = List[Tuple[str, str]]
 PAIR_READS, PAIR_GAP = 3, 0.01  # (cgroup usage, trainer RSS) pairs per job read, seconds apart
+SHMEM_SPAN = 2.0  # seconds of a trainer's shared memory kept with its reads (JobMemory.unmapped_shmem_bytes)
 
 
 class GpuSource(Protocol):
@@ -99,6 +100,7 @@ class Sampler:
         return JobMemory(pid=pid, processes=tree.processes, cgroup=cg, errors=tuple(errors), monotonic=self.clock(),
                          trainer_rss_bytes=resident[0] if resident else None,
                          trainer_file_bytes=resident[1] if resident else None, available_bytes=free,
+                         trainer_shmem_bytes=resident[2] if resident else None,
                          cpus=self._cpus(pid, errors) if tree.processes else None)
 
     def paired(self, job: JobMemory) -> JobMemory:
@@ -113,8 +115,13 @@ class Sampler:
         resident = procs.read_resident(job.pid, self.proc_root)
         if resident is None or (cg is None and job.cgroup is not None):
             return job
+        now = self.clock()
+        seen = tuple((at, v) for at, v in job.shmem_seen if at >= now - SHMEM_SPAN)
+        if job.trainer_shmem_bytes is not None:
+            seen += ((job.read_at, job.trainer_shmem_bytes),)
         return replace(job, cgroup=cg, trainer_rss_bytes=resident[0], trainer_file_bytes=resident[1],
-                       available_bytes=free, paired_at=self.clock())
+                       trainer_shmem_bytes=resident[2], shmem_seen=seen[-16:],
+                       available_bytes=free, paired_at=now)
 
     def _cpus(self, pid: int, errors: Errors) -> Optional[float]:
         """The CPUs the trainer may use: its affinity, within its cgroup's CPU quota."""

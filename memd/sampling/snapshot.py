@@ -163,7 +163,11 @@ class JobMemory:
     trainer_file_bytes: Optional[int] = None
     # The host's MemAvailable, read with them: the host pool's free memory at the same instant.
     available_bytes: Optional[int] = None
-    # When those three were read (Sampler.paired refreshes them between reads of the whole tree);
+    # The part of the trainer's resident set that is shared memory (RssShmem), read with it, and
+    # (when, how much) at its reads of the last SHMEM_SPAN seconds (Sampler.paired keeps them)
+    trainer_shmem_bytes: Optional[int] = None
+    shmem_seen: Tuple[Tuple[float, int], ...] = ()
+    # When those were read (Sampler.paired refreshes them between reads of the whole tree);
     # None: with the tree, at ``monotonic``.
     paired_at: Optional[float] = None
 
@@ -190,6 +194,17 @@ class JobMemory:
     def worker_bytes(self) -> List[int]:
         """What each descendant alone holds (ProcessMemory.own_bytes): the cost of one more worker."""
         return [p.own_bytes for p in self.processes if p.pid != self.pid]
+
+    @property
+    def unmapped_shmem_bytes(self) -> int:
+        """Shared memory charged to the job's group that its trainer does not map now, up to the
+        most it mapped lately (shmem_seen): a trainer alone in its group has that only for a
+        moment, between unmapping a step's shared memory and the kernel giving it back, and it is
+        the trainer's until then (planner.steadied). 0 when either is unknown."""
+        if self.cgroup is None or self.cgroup.shmem_bytes is None or self.trainer_shmem_bytes is None:
+            return 0
+        lately = max([self.trainer_shmem_bytes] + [v for _, v in self.shmem_seen])
+        return min(lately, max(0, self.cgroup.shmem_bytes - self.trainer_shmem_bytes))
 
     @property
     def in_flight_shmem_bytes(self) -> Optional[int]:

@@ -282,7 +282,8 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
     row. The workers' memory is counted in both reads: free alone falls as they copy, and the
     free read as a rebuilt loader's old workers had gone, beside the new ones' pages, read
     0.12 GiB high (the benchmark's loop went from 115 to 207 on it)."""
-    if pool.name != budget.HOST or pool.own_bytes is None or job is None:
+    own = pool.own_bytes
+    if pool.name != budget.HOST or own is None or job is None:
         return pool
     rooms = session.planner.rooms
     if len(job.processes) == 1:
@@ -290,7 +291,8 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
         # unmapped, until the kernel frees it. Read as another's, a job whose steps held 0.7 GiB
         # of /dev/shm, its decisions made on the reads just after its steps, was budgeted that
         # much low and its plan swung 93 -> 226 -> 111 (bench/exam.py).
-        pool = evolve(pool, own_bytes=pool.own_bytes + job.unmapped_shmem_bytes)
+        own += job.unmapped_shmem_bytes
+        pool = evolve(pool, own_bytes=own)
         workers = 0
     else:
         # The batches on their way from its workers (being collated, or queued where no process
@@ -298,9 +300,9 @@ def steadied(pool: budget.Pool, session: SessionRecord, job: Optional[JobMemory]
         # at a time, 0-75 MiB, read to read.
         workers = sum(b for b in job.worker_bytes if b > 0) + (job.in_flight_shmem_bytes or 0)
     if not rooms or rooms[-1][0] != job.read_at:
-        rooms.append((job.read_at, pool.capacity_bytes, pool.free_bytes + pool.own_bytes, workers))
+        rooms.append((job.read_at, pool.capacity_bytes, pool.free_bytes + own, workers))
     room = max(r + w for _, capacity, r, w in list(rooms)[-2:] if capacity == pool.capacity_bytes)  # one pool's only
-    return evolve(pool, free_bytes=max(0, room - workers - pool.own_bytes))
+    return evolve(pool, free_bytes=max(0, room - workers - own))
 
 
 def room_dip(pool: budget.Pool, session: SessionRecord, since: float) -> int:

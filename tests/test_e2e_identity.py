@@ -72,8 +72,11 @@ def test_a_job_in_a_small_cgroup_finds_its_curve_on_the_same_daemon_and_after_a_
                 memd.start()
             again = run_job(cg, memd, learn=False)
             # Its first plan comes from its curve, within its 2 GiB: never memd's first batch, nor
-            # the 300 it ran, nor what the host's RAM would allow (about 1,000 on this host).
-            assert again["source"] == "daemon" and "from earlier runs of this job" in again["reason"], (restart, again)
+            # the 300 it ran, nor what the host's RAM would allow (about 1,000 on this host). Its
+            # earlier run made 4 reports: its first steps leave room for a rarer one (invariants.py).
+            assert again["source"] == "daemon", (restart, again)
+            assert ("from earlier runs of this job" in again["reason"]
+                    or "in case a rarer step peaks higher (4 so far" in again["reason"]), (restart, again)
             assert 8 < again["batch_size"] < (2 * GiB - 200 * MB) / (10 * MB), (restart, again)
             sessions_end(memd)
     # its cgroup's 2 GiB, not the host's RAM; then its configuration (max_batch)

@@ -38,9 +38,10 @@ def test_session_follows_reported_curve_then_backs_off_on_oom(any_memd):
         assert plan.batch_size > 8, plan
         # Following the plan, the job converges near the largest batch that truly fits (each
         # move waits for a second step at its batch: the first after a change runs low). In host
-        # memory an overshoot kills, so growth past the largest batch seen is at most 2x a move.
+        # memory an overshoot kills, so growth past the largest batch seen is at most 2x a move,
+        # and its first 24 steps leave half its step's own memory unplanned (spike_steps).
         widest = 8
-        for _ in range(20):
+        for _ in range(30):
             assert plan.batch_size <= 2 * widest, plan
             widest = max(widest, plan.batch_size)
             reports = session_view(memd, "curve")["reports"]

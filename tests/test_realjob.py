@@ -34,7 +34,7 @@ def run_job(memd, method, steps, limit=LIMIT):
 
 
 def test_suggest_batch_alone_grows_a_real_job_into_its_cgroup_without_a_kill(memd):
-    out, killed, peak, steps = run_job(memd, "suggest", 12)
+    out, killed, peak, steps = run_job(memd, "suggest", 40)  # past its first 24 steps' reserve (spike_steps)
     assert not killed and out.returncode == 0, out.stderr[-2000:]
     batches = [s["batch"] for s in steps]
     assert batches[0] == 4  # the default, before anything is known

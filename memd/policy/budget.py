@@ -78,7 +78,7 @@ class Pool:
             held = self.own_bytes
         else:
             held = min(self.own_bytes, held_peak)
-        greedy = min(self.free_bytes + held - self.margin_bytes - self.reserved_bytes, self.bound_bytes)
+        greedy = max(0, min(self.free_bytes + held - self.margin_bytes - self.reserved_bytes, self.bound_bytes))
         return greedy if self.share_bytes is None else min(greedy, max(self.share_bytes, held))
 
     def with_reserved(self, reserved_bytes: int) -> "Pool":

@@ -226,8 +226,10 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
             if state.stable < cfg.stable_steps:
                 limit, reason = state.batch, "%d after an out-of-memory error, held until %d stable steps " \
                     "(%d so far)" % (state.batch, cfg.stable_steps, state.stable)
-            else:  # back toward the ceiling in halving steps: the OOM said the room ends somewhere below it
-                step = state.batch + max(1, (min(limit, state.ceiling) - state.batch + 1) // 2)
+            else:  # back toward the ceiling in halving steps: the OOM said the room ends somewhere below it.
+                # Halving the distance to the moves' own limit too, a restart after a kill went 1 -> 2
+                # -> 3 -> 5 -> 8 -> 12 where each move could double, and ended short (bench/exam.py).
+                step = state.batch + max(1, (state.ceiling - state.batch + 1) // 2)
                 if step < limit:
                     limit, reason = step, "growing back to %d from %d, toward the ceiling %d, after %d stable steps" % (
                         step, state.batch, state.ceiling, state.stable)

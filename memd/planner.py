@@ -385,6 +385,7 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
         held_peak=held_now, settling=settling(session), budget_bytes=kept,
         workers=workers, grow_dip=dip, read=job.read_at if job is not None else snapshot.monotonic,
         steps=session.reports + len(session.remembered),  # the steps earlier runs showed count too
+        base=session.held_before_steps if pool.name == budget.HOST else None,
         host_total_bytes=snapshot.system.total_bytes, host_free_bytes=snapshot.system.available_bytes,
     )
     if gpu_gone:

@@ -260,8 +260,8 @@ def test_a_job_with_no_hint_gets_workers(memd):
 
 
 def test_each_batch_reports_the_step_before_it(memd):
-    """Iterating is the loop: each batch after the first reports the step before it, with the
-    batch's bytes, and the daemon measures what it cost."""
+    """Iterating is the loop: each step is reported as the loop asks for the next batch, before
+    that batch is fetched, with its batch's bytes, and the daemon measures what it cost."""
     with client.Session("loader-report", endpoint=memd.endpoint, timeout=1.0, default_batch=8, max_batch=8,
                         num_workers=1) as s:
         for _ in MemdLoader(Numbers(), s):
@@ -269,10 +269,10 @@ def test_each_batch_reports_the_step_before_it(memd):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             view = next(v for v in memd.call("status")["sessions"] if v["job"] == "loader-report")
-            if view["reports"] == 25:
+            if view["reports"] == 26:
                 break
             time.sleep(0.05)
-        assert view["reports"] == 25  # 26 batches: each after the first reports the one before
+        assert view["reports"] == 26  # 26 batches, each step reported as the next is asked for (the last too)
 
 
 def test_a_batch_that_ran_out_of_memory_is_not_reported_clean(memd):
@@ -288,10 +288,10 @@ def test_a_batch_that_ran_out_of_memory_is_not_reported_clean(memd):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             view = next(v for v in memd.call("status")["sessions"] if v["job"] == "loader-oom")
-            if view["reports"] >= len(sizes) - 2:
+            if view["reports"] >= len(sizes) - 1:
                 break
             time.sleep(0.05)
-        assert (view["ooms"], view["reports"]) == (1, len(sizes) - 2)  # not the first, not the one that failed
+        assert (view["ooms"], view["reports"]) == (1, len(sizes) - 1)  # every step but the one that failed
 
 
 THROTTLED_JOB = r"""

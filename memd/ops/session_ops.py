@@ -17,7 +17,7 @@ from memd.core import Core
 from memd.ops import fields, lifecycle, memo, watch
 from memd.ops.fields import Invalid
 from memd.planner import check_remembered, identify, prior_from_hints, settling
-from memd.policy.controller import ControlState, Limits, after_oom, after_report
+from memd.policy.controller import FIRST_BATCH, ControlState, Limits, after_oom, after_report
 from memd.policy.fit import Observation
 from memd.sampling import procs
 from memd.sessions import Peer, SessionRecord, TooManySessions
@@ -226,7 +226,11 @@ def report(core: Core, req: Dict[str, Any]) -> Result:
     session.reports_peaks = peak is not None
     if peak is None:
         peak = watch.measure_peak(core, session)
-        if peak is not None and base is None and session.pool == "host":
+        if peak is not None and base is None and session.pool == "host" and batch < FIRST_BATCH:
+            # Below memd's first batch a step is mostly the framework, and its peak alone bounds a
+            # sample at all of it: what the trainer held before its first step tells them apart.
+            # Not above: what it held then may be more than its steps keep (a 27-sample step's
+            # fixed part was 62 MiB less), and there the peak's own bound is sure.
             base = session.held_before_steps  # in the units the daemon measures the peak in
     waiting = settling(session)  # the plan waits for a second step at its batch
     if peak:

@@ -134,7 +134,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
            workers: Optional[WorkerFacts] = None, host_total_bytes: Optional[int] = None,
            host_free_bytes: Optional[int] = None, held_peak: Optional[int] = None,
            settling: bool = False, budget_bytes: Optional[int] = None, grow_dip: int = 0,
-           read: Optional[float] = None, steps: Optional[int] = None) -> Decision:
+           read: Optional[float] = None, steps: Optional[int] = None, base: Optional[int] = None) -> Decision:
     """``held_peak``: what the job held (in its reported units) when the pool's free memory was
     measured; by default its latest peak. ``settling``: the latest report is the first at its
     batch since a change (fit.Observation.settling). ``budget_bytes``: the budget to keep instead
@@ -143,7 +143,7 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
     for room at the lowest (planner.room_dip), while a cut goes by the room now. ``read``: when the
     pool was read (a deep cut waits for a second read: invariants.keep_promises, which bounds
     every plan last); ``steps``: the reports the job made this run (its first spike_steps leave
-    room for a rarer step: invariants, 4.)."""
+    room for a rarer step: invariants, 4.); ``base``: what its trainer held before its first step."""
     budget: Optional[int]
     if budget_bytes is not None:
         budget = budget_bytes
@@ -250,7 +250,8 @@ def decide(curve: Optional[Curve], pool: Optional[Pool], limits: Limits, state: 
 
     promised = keep_promises(limit, reason, current, curve, budget, limits.min_batch, level, cfg,
                              kills=curve is not None and curve.kills, read=read, pending=state.pending,
-                             evidence=evidence if limit == current else None, before=state.budget, steps=steps)
+                             evidence=evidence if limit == current else None, before=state.budget, steps=steps,
+                             base=base)
     limit, reason, budget = promised.limit, promised.reason, promised.budget
 
     # Every reason leads with the plan's own batch: a move that allowed another number says so

@@ -50,7 +50,7 @@ def keep_promises(limit: int, reason: str, current: Optional[int], curve: Option
                   min_batch: int, level: str, cfg: PolicyConfig, kills: bool,
                   read: Optional[float] = None, pending: Optional[Tuple[int, float, int]] = None,
                   evidence: Optional[int] = None, before: Optional[int] = None,
-                  steps: Optional[int] = None) -> Kept:
+                  steps: Optional[int] = None, base: Optional[int] = None) -> Kept:
     """``limit`` (the moves' batch, before the job's min/max and the effective-batch split) bounded
     by the promises above, with its reason and the budget it keeps. ``read``: the sample the
     decision is made on (None: each call is a read of its own); ``pending``: a deep cut the read
@@ -59,7 +59,9 @@ def keep_promises(limit: int, reason: str, current: Optional[int], curve: Option
     job's current batch, where a move keeps it on that step's word (a batch beside workers whose
     steps fit, within the budget of its workers' latest reads and the margin's spare part:
     controller.decide). That step is the batch's prediction, and the budget is at least it.
-    ``steps``: the reports the job made this run (None: not counted, no spike reserve)."""
+    ``steps``: the reports the job made this run (None: not counted, no spike reserve); ``base``:
+    what its trainer held before its first step, a floor for the step's fixed memory where the
+    curve knows none (one batch size)."""
     if evidence is not None and current is not None and limit == current and budget is not None:
         return Kept(limit, reason, max(budget, evidence), None, evidence)
     if curve is not None and budget is not None:
@@ -70,7 +72,7 @@ def keep_promises(limit: int, reason: str, current: Optional[int], curve: Option
                 ", its peak past the largest batch it has run taken to grow as a convex curve through its largest "
                 "steps")
     if kills and curve is not None and budget is not None and steps is not None and steps < cfg.spike_steps:
-        spared = reserved_batch(curve, budget, cfg.spike_reserve)
+        spared = reserved_batch(curve, budget, cfg.spike_reserve, base or 0)
         if limit > max(spared, current or 0, min_batch):
             limit, reason = max(spared, current or 0, min_batch), "%d: for its first %d steps a job leaves %.0f %% " \
                 "of its step's own memory unplanned, in case a rarer step peaks higher (%d so far; %d would fit)" % (
@@ -96,9 +98,11 @@ def keep_promises(limit: int, reason: str, current: Optional[int], curve: Option
     return Kept(limit, reason, budget, None)
 
 
-def reserved_batch(curve: Curve, budget: int, reserve: float) -> int:
-    """The largest batch whose predicted peak, its part above the curve's fixed memory raised by
-    ``reserve``, fits ``budget`` (0 when none does)."""
-    fixed = curve.fixed_bytes
+def reserved_batch(curve: Curve, budget: int, reserve: float, base: int = 0) -> int:
+    """The largest batch whose predicted peak, its part above the curve's fixed memory (or
+    ``base``, if more) raised by ``reserve``, fits ``budget`` (0 when none does). From one batch
+    size the curve counts all of a step as per sample: held back by half of all of it, a job
+    stayed at its default for its first 24 steps."""
+    fixed = max(curve.fixed_bytes, base)
     return largest(lambda b: curve.upper(b) + reserve * max(0.0, curve.upper(b) - fixed) <= budget,
                    near=curve.safe_batch(budget) or None)

@@ -134,6 +134,7 @@ class MemdLoader:
             self._delivered(batch, indices)
             yield batch
             batch = None  # the loop's to hold, not this frame's: a rebuild would fork new workers with it
+            self._report_last()  # the step ran: said now, before the next batch is collated
 
     def _next_plan(self) -> Plan:
         from .training import agreed_plan
@@ -170,13 +171,21 @@ class MemdLoader:
             _unshare(self._held)
         return ((self._chunks.sizes.popleft(), batch) for batch in self._loader)
 
-    def _delivered(self, batch: Any, samples: int) -> None:
-        self.batches += 1
+    def _report_last(self) -> None:
+        """The step on the batch delivered last ran clean: reported before the next batch is
+        fetched, so the peak the daemon measures for it is that step's alone. Reported after the
+        next batch was collated (its samples and their stack held at once), a step at 27 was
+        measured at the next one's collate of 36, and the step at 36 at a third less than its peak;
+        the plan grew on it to 41 and the kernel killed the job (bench/exam.py)."""
         if self.report and self._last is not None:
             size, nbytes = self._last
-            # The step since the last batch ran clean; loader_workers says this loader follows the
-            # plan's workers (it shuts the old ones down before the next batch of a new plan).
+            self._last = None
+            # loader_workers says this loader follows the plan's workers (it shuts the old ones
+            # down before the next batch of a new plan).
             self.session.report(size, batch_bytes=nbytes, loader_workers=self._config[1] if self._config else None)
+
+    def _delivered(self, batch: Any, samples: int) -> None:
+        self.batches += 1
         tensors = list(_tensors(batch))
         self._last = (samples, sum(t.element_size() * t.nelement() for t in tensors))
         self._held = [weakref.ref(t) for t in tensors]

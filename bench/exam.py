@@ -110,19 +110,20 @@ def generate(seed: int, jobs: int, short: bool, torch_ok: bool) -> List[ExamJob]
         imports = kind == "torch" or method == "loader" or (torch_ok and not short and rng.random() < 0.3)
         step_ms = int(math.exp(rng.uniform(math.log(20), math.log(300 if short else 3000))))
         pool = limit if limit is not None else 16 * GiB  # a host job: about 16 GiB of steps and fixed memory
-        room = pool - (260 if imports else 40) * MiB  # the interpreter (and torch), the kernel's share
         copies = rng.choice((2, 3)) if scenario == "shared" else 1
+        room = pool - copies * (260 if imports else 40) * MiB  # each copy's interpreter (and torch), the kernel's
         neighbour_most = 0.0
-        neighbour = None
+        neighbour, neighbour_end = None, 0.0
         if scenario == "neighbour":
-            # Grows at a rate memd's sampling can follow (docs/results.md, "A neighbour that grows"),
-            # holds, and gives back.
+            # Grows while the job starts (another job loading, a preprocessing pass), holds, and
+            # gives back before the run ends; how fast a neighbour may grow for memd to follow it
+            # once a job runs at its edge is measured apart (docs/results.md, "A neighbour that grows").
             low, most = rng.uniform(0.05, 0.15) * pool / MiB, rng.uniform(0.2, 0.35) * pool / MiB
-            rate = rng.uniform(5, 20)  # MiB/s
-            start = rng.uniform(4, 10)
-            top = start + (most - low) / rate
+            start, up, down = rng.uniform(2, 6), rng.uniform(10, 25), rng.uniform(10, 25)
+            top = start + up
             neighbour = "0:%d,%.1f:%d,%.1f:%d,%.1f:%d,%.1f:%d" % (low, start, low, top, most, top + 6, most,
-                                                                    top + 6 + (most - low) / rate, low)
+                                                                    top + 6 + down, low)
+            neighbour_end = top + 6 + down
             neighbour_most = most
             room -= int(most * MiB)
         share = room // copies
@@ -146,6 +147,8 @@ def generate(seed: int, jobs: int, short: bool, torch_ok: bool) -> List[ExamJob]
         if rng.random() < 0.15:
             spec["spike_every"], spec["spike"] = 20, round(rng.uniform(1.1, 1.4), 2)
         seconds = 12.0 if short else min(150.0, max(40.0, 45 * step_ms / 1000.0))
+        if neighbour is not None:
+            seconds = max(seconds, neighbour_end + 25)  # the end is judged beside the neighbour back low
         if rng.random() < 0.1 and not short:
             spec["leak_kib"] = max(4, int(0.05 * share / max(1, seconds * 1000 / max(step_ms, 50)) / 1024))
         if kind == "cache":
@@ -278,8 +281,11 @@ def follow(proc: subprocess.Popen, run: Run, t0: float, deadline: float) -> None
         timer.cancel()
 
 
-def neighbour_proc(job: ExamJob, cg: MemoryCgroup, most: bool) -> subprocess.Popen:
-    schedule = "0:%d" % job.neighbour_most_mib if most else job.neighbour
+def neighbour_proc(job: ExamJob, cg: MemoryCgroup, probe: bool) -> subprocess.Popen:
+    """The job's neighbour in its group: its schedule, or for a probe what it holds at its end
+    (the run's final batch is judged beside that; what it holds at its most, the run survives)."""
+    assert job.neighbour is not None
+    schedule = "0:%s" % job.neighbour.rsplit(":", 1)[1] if probe else job.neighbour
     return subprocess.Popen([sys.executable, JOB, "--neighbour", schedule], preexec_fn=cg.join,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -319,9 +325,9 @@ def probe(job: ExamJob, batch: int, steps: int, workdir: str, loader: Optional[T
     if job.limit_bytes is None:
         return probe_host(job, batch, steps, spec, workdir)
     with MemoryCgroup(job.limit_bytes) as cg:
-        near = neighbour_proc(job, cg, most=True) if job.neighbour else None
+        near = neighbour_proc(job, cg, probe=True) if job.neighbour else None
         if near is not None:
-            time.sleep(1.0 + job.neighbour_most_mib / 2000)  # it holds its most before the job starts
+            time.sleep(1.0)  # it holds its memory before the job starts
         method = "loader" if job.method == "loader" else "fixed"  # a loader's probe runs the loader
         procs = [start(job, cg, method, batch, 600, steps, None, spec=spec, workdir=workdir,
                        loader=loader if method == "loader" else None) for _ in range(job.copies)]
@@ -416,7 +422,7 @@ def run_job(job: ExamJob, daemon: MemdDaemon, workdir: str, log) -> List[Dict]:
     lives = 2  # a first run its default killed is restarted, as its user would: the restart is judged
     for life in range(lives):
         with MemoryCgroup(job.limit_bytes) as cg:
-            near = neighbour_proc(job, cg, most=False) if job.neighbour else None
+            near = neighbour_proc(job, cg, probe=False) if job.neighbour else None
             procs, runs, threads = [], [], []
             t0 = time.monotonic()
             for copy in range(job.copies):

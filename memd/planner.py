@@ -398,7 +398,12 @@ def plan_session(session: SessionRecord, snapshot: Snapshot, host_level: str, se
         decision = replace(decision, plan=replace(decision.plan, reason="holding %d: this job's memory has not been "
                                                   "read yet" % decision.plan.batch_size))
     if curve is not None and pool is not None and not (gpu_gone or unread or gpu_unknown):
-        alone = curve.max_batch(greedy)  # what it would plan for with the pool to itself
+        # What it would plan for with the pool to itself: its room with the others' holdings and
+        # claims left out. Read off its budget beside them, a newcomer squeezed by the first job's
+        # claim wanted little, the first kept most of the pool, and three copies of one job in a
+        # group ended at 61, 159 and 51 (bench/exam.py).
+        room = pool.free_bytes + (pool.own_bytes or held_now) + others.held - pool.margin_bytes - ahead
+        alone = curve.max_batch(max(0, room))
         if session.limits.max_batch is not None:
             alone = min(alone, session.limits.max_batch)
         session.wanted_peak_bytes = int(curve.peak(max(alone, session.limits.min_batch)))

@@ -461,8 +461,15 @@ def judge(job: ExamJob, best: int, runs: List[Dict]) -> Dict:
     restarted = any(r.get("life") == 1 for r in runs)
     judged = [r for r in runs if not (restarted and r.get("life") == 0)]
     excused = [r for r in runs if restarted and r.get("life") == 0]
+
+    def unfit(r: Dict) -> bool:
+        # Its default did not fit: above the batch probed to fit, or killed before its first
+        # step there ended (a loader beside the workers it asked for, where memd's plan ended
+        # beside fewer), before any report could tell memd anything.
+        return job.default > best or not r["batches"]
+
     kills = sum(1 for r in judged if r["killed"])
-    kills += sum(1 for r in excused if r["killed"] and job.default <= best)  # its default fit: no excuse
+    kills += sum(1 for r in excused if r["killed"] and not unfit(r))
     shares, reached_steps, reached_seconds = [], [], []
     for r in judged:
         final = None if r["killed"] or not r["batches"] else r["batches"][-1]
@@ -471,7 +478,7 @@ def judge(job: ExamJob, best: int, runs: List[Dict]) -> Dict:
         reached_steps.append(at)
         reached_seconds.append(r["seconds"][at] if at is not None and at < len(r["seconds"]) else None)
     return {"kills": kills, "shares": shares, "reached_steps": reached_steps, "reached_seconds": reached_seconds,
-            "excused_kills": sum(1 for r in excused if r["killed"] and job.default > best)}
+            "excused_kills": sum(1 for r in excused if r["killed"] and unfit(r))}
 
 
 # -- the report ----------------------------------------------------------------------------------

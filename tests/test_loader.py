@@ -275,6 +275,30 @@ def test_each_batch_reports_the_step_before_it(memd):
         assert view["reports"] == 26  # 26 batches, each step reported as the next is asked for (the last too)
 
 
+def test_a_step_is_reported_before_the_next_batch_is_fetched():
+    """The daemon measures a reported step's peak when the report arrives: sent after the next
+    batch was collated, a step at 27 was measured at the next one's collate at 36, the step at 36
+    a third below its peak, and a plan grown on that was killed (bench/exam.py, a loader job in
+    2.25 GiB). With no workers the batch is fetched in the loop's own process, as there."""
+    events = []
+
+    class Logged(Numbers):
+        def __getitem__(self, i):
+            events.append(("fetch", i))
+            return super().__getitem__(i)
+
+    class Recorded(ScriptedSession):
+        def report(self, size, **kwargs):
+            events.append(("report", size))
+
+    for _ in MemdLoader(Logged(), Recorded([4], workers=0)):
+        pass
+    reports = [i for i, e in enumerate(events) if e[0] == "report"]
+    assert len(reports) == 51  # every step: 203 samples in batches of 4, the last one short
+    fetched_before = [sum(1 for e in events[:i] if e[0] == "fetch") for i in reports]
+    assert fetched_before == [4 * (n + 1) for n in range(50)] + [203]  # each after its own batch, before the next
+
+
 def test_a_batch_that_ran_out_of_memory_is_not_reported_clean(memd):
     """loader.report_oom(): the daemon cuts the batch at once, and that step never counts as clean."""
     with client.Session("loader-oom", endpoint=memd.endpoint, timeout=1.0, default_batch=8, num_workers=0) as s:

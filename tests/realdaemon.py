@@ -112,7 +112,15 @@ class Daemon:
         raise RuntimeError("memd did not answer within %.0f s:\n%s" % (timeout, self.log()))
 
     def call(self, op: str, **fields):
-        return call(op, endpoint=self.endpoint, timeout=2.0, **self.keys, **fields)
+        # 5 s: a loaded CI machine has stalled a healthy daemon past 2 s. Unanswered, the
+        # error says whether the daemon is alive and what it logged last.
+        try:
+            return call(op, endpoint=self.endpoint, timeout=5.0, **self.keys, **fields)
+        except DaemonUnavailable as exc:
+            if type(exc) is not DaemonUnavailable:
+                raise  # an answer (Refused): the daemon spoke
+            state = "running" if self.proc is not None and self.proc.poll() is None else "exited"
+            raise DaemonUnavailable("%s (daemon %s; its log ends:\n%s)" % (exc, state, self.log()[-3000:])) from None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc is None:

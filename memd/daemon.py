@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Dict, List, Optional, Set
 
 import structlog
 
@@ -28,7 +28,7 @@ from memd.notify import Notifier
 from memd.policy.pressure import host_signals, next_state
 from memd.sampling import procs
 from memd.sampling.sampler import Sampler
-from memd.sampling.snapshot import Snapshot
+from memd.sampling.snapshot import JobMemory, Snapshot
 from memd.server import Server
 from memd.sessions import SessionRecord, Sessions
 from memd.state import StateStore
@@ -189,11 +189,21 @@ class Daemon:
             # shows within a sample. A job with workers keeps its tree's read: its room is its
             # workers' too, and they are read with the tree.
             fresh = {pid: self._read_job(pid, snap) for pid in pids - core.jobs.keys()}
-            paired = {pid: self.sampler.paired(job) for pid, job in core.jobs.items()
-                      if pid in pids and pid not in fresh and job.alive and len(job.processes) == 1}
-            core.jobs = {**{pid: job for pid, job in core.jobs.items() if pid in pids}, **paired, **fresh}
+            core.jobs = {**{pid: job for pid, job in core.jobs.items() if pid in pids}, **fresh}
+        core.jobs = {**core.jobs, **self._paired_by_pool(core.jobs, set(core.jobs) if jobs else set(fresh))}
         core.sampler_heartbeat = self.clock()
         return snap
+
+    def _paired_by_pool(self, jobs: Dict[int, JobMemory], just_read: Set[int]) -> Dict[int, JobMemory]:
+        """The jobs without workers read again, those of one pool together (Sampler.paired_pool):
+        what one job's steps hold is then never counted as the others' neighbour, read at
+        another instant. A job alone in its pool and ``just_read`` keeps its read's own pairing."""
+        pools: Dict[object, List[JobMemory]] = {}
+        for job in jobs.values():
+            if job.alive and len(job.processes) == 1:  # one group's jobs together; a job whose group is unknown alone
+                pools.setdefault(job.cgroup.path if job.cgroup is not None else job.pid, []).append(job)
+        return {job.pid: job for group in pools.values() if len(group) > 1 or group[0].pid not in just_read
+                for job in self.sampler.paired_pool(group)}
 
     def _read_job(self, pid: int, snap):
         """A job's tree and cgroup. A cgroup, or a live process, that could not be read this time

@@ -142,6 +142,8 @@ def use_now(session: SessionRecord, pool_name: Optional[str], snapshot: Snapshot
         held = job.trainer_held_bytes
         if held is None:
             return None
+        if len(job.processes) == 1:  # and the step's shared memory it just unmapped (steadied)
+            return held + job.unmapped_shmem_bytes
         return held + sum(b for b in job.worker_bytes if b > 0) + (job.in_flight_shmem_bytes or 0)
     gpu = next((g for g in snapshot.gpus if g.uuid == pool_name), None)
     return gpu_bytes(gpu.processes, set(budget.job_pids(job))) if gpu is not None else None

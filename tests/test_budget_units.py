@@ -86,3 +86,97 @@ def test_the_host_pool_pairs_free_memory_with_the_trainer():
     assert job.trainer_rss_bytes > 0 and job.trainer_file_bytes is not None and job.paired_at is None
     again = Sampler(gpus=None).paired(job)  # between reads of the tree: the pair alone, read again
     assert again.processes == job.processes and again.paired_at is not None and again.available_bytes > 0
+
+
+# A process that holds 32 MiB, and 128 MiB more each time it reads a line.
+GROWER = """
+import sys
+held = [bytearray(b"\\x01" * (32 << 20))]
+print("ready", flush=True)
+for line in sys.stdin:
+    held.append(bytearray(b"\\x01" * (128 << 20)))
+    print("grown", flush=True)
+"""
+
+
+@pytest.mark.skipif(memcg.available() is not None, reason="needs a writable memory cgroup (root)")
+def test_the_jobs_of_one_group_are_read_together_so_one_is_never_the_others_neighbour():
+    """Two jobs of one group, each read with the group at its own instant: one that grew between
+    its read and the other's counted as memory outside both (a neighbour's growth, held back from
+    the other's budget). Two copies whose steps each map and free 0.8 GiB were cut to half their
+    batch read after read. Read with one read of the group, what lies outside is what it was."""
+    sampler = Sampler(gpus=None)
+
+    def outside(jobs):
+        assert len({j.cgroup.usage_bytes for j in jobs}) == 1  # one read of the group
+        return jobs[0].cgroup.usage_bytes - sum(j.trainer_held_bytes for j in jobs)
+
+    with memcg.MemoryCgroup(768 * MiB) as cg:
+        started = [subprocess.Popen([sys.executable, "-c", GROWER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True, preexec_fn=cg.join) for _ in range(2)]
+        try:
+            assert [p.stdout.readline().strip() for p in started] == ["ready", "ready"]
+            a, b = (sampler.job(p.pid) for p in started)
+            before = outside(sampler.paired_pool([a, b]))
+            b = sampler.paired(b)
+            started[1].stdin.write("grow\n")
+            started[1].stdin.flush()
+            assert started[1].stdout.readline().strip() == "grown"
+            a = sampler.paired(a)  # b's 128 MiB in the group's read, not in b's
+            assert a.cgroup.usage_bytes - a.trainer_held_bytes - b.trainer_held_bytes >= before + 120 * MiB
+            together = sampler.paired_pool([a, b])
+            assert {j.paired_at for j in together} == {together[0].paired_at}
+            assert abs(outside(together) - before) <= 8 * MiB
+        finally:
+            for p in started:
+                p.kill()
+                p.wait()
+
+
+# A process that maps 64 MiB of a /dev/shm file (a step's shared tensors); at a line on stdin it
+# unmaps them, the file kept: its pages stay charged to the group, as a step's do until the
+# kernel frees them.
+SHM_HOLDER = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 64 << 20)
+m = mmap.mmap(fd, 64 << 20, flags=mmap.MAP_SHARED)
+for i in range(0, len(m), 4096):
+    m[i] = 1
+print("ready", flush=True)
+sys.stdin.readline()
+m.close()
+print("unmapped", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(memcg.available() is not None, reason="needs a writable memory cgroup (root)")
+def test_shared_memory_a_trainer_just_unmapped_is_its_own_and_never_anothers():
+    """The group's shared memory no trainer maps is what a step just unmapped: the trainer's that
+    let go of it, until the kernel frees it. Beside another trainer of the group, taken by each as
+    its own (or the other's mapped pages as one's own unmapped), two jobs whose steps held 0.8 GiB
+    of /dev/shm each were claimed a step high and cut to half, read after read (bench/exam.py)."""
+    sampler = Sampler(gpus=None)
+    files = ["/dev/shm/memd-test-units-%d-%d" % (os.getpid(), i) for i in range(2)]
+    with memcg.MemoryCgroup(512 * MiB) as cg:
+        started = [subprocess.Popen([sys.executable, "-c", SHM_HOLDER, f], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, preexec_fn=cg.join) for f in files]
+        try:
+            assert [p.stdout.readline().strip() for p in started] == ["ready", "ready"]
+            jobs = sampler.paired_pool([sampler.job(p.pid) for p in started])
+            assert jobs[0].cgroup.shmem_bytes >= 128 * MiB and [j.unmapped_shmem_bytes for j in jobs] == [0, 0]
+            started[1].stdin.write("\n")
+            started[1].stdin.flush()
+            assert started[1].stdout.readline().strip() == "unmapped"
+            jobs = sampler.paired_pool(jobs)
+            assert jobs[1].trainer_shmem_bytes < 4 * MiB and jobs[0].trainer_shmem_bytes >= 64 * MiB
+            assert jobs[0].unmapped_shmem_bytes == 0
+            assert 60 * MiB <= jobs[1].unmapped_shmem_bytes <= 64 * MiB
+        finally:
+            for p in started:
+                p.kill()
+                p.wait()
+            for f in files:
+                if os.path.exists(f):
+                    os.unlink(f)

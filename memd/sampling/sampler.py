@@ -109,19 +109,33 @@ class Sampler:
         of its tree, the pool it draws on as of now. A neighbour growing in the job's group shows
         within a sample, not at the next read of the tree (job_interval). Unchanged when the
         trainer cannot be read."""
+        return self.paired_pool([job])[0]
+
+    def paired_pool(self, jobs: Sequence[JobMemory]) -> List[JobMemory]:
+        """paired() for the jobs of one pool (one cgroup, or the host), all from one read of the
+        pool and their trainers read right after it: what the pool holds beside the sessions is
+        its use less each one's, and two jobs whose steps each map and free 0.8 GiB of shared
+        memory, read 0.2 s apart, counted one's step as a neighbour's growth and cut the other
+        to half (tests/test_budget_units.py, two real processes)."""
+        if not jobs:
+            return []
         errors: Errors = []
-        cg = _guard(errors, "cgroup", cgroup.read_cgroup, job.pid, self.proc_root)
+        cg = _guard(errors, "cgroup", cgroup.read_cgroup, jobs[0].pid, self.proc_root)
         free = _guard(errors, "system", system.read_available, self.proc_root)
-        resident = procs.read_resident(job.pid, self.proc_root)
-        if resident is None or (cg is None and job.cgroup is not None):
-            return job
+        residents = [procs.read_resident(job.pid, self.proc_root) for job in jobs]
         now = self.clock()
-        seen = tuple((at, v) for at, v in job.shmem_seen if at >= now - SHMEM_SPAN)
-        if job.trainer_shmem_bytes is not None:
-            seen += ((job.read_at, job.trainer_shmem_bytes),)
-        return replace(job, cgroup=cg, trainer_rss_bytes=resident[0], trainer_file_bytes=resident[1],
-                       trainer_shmem_bytes=resident[2], shmem_seen=seen[-16:],
-                       available_bytes=free, paired_at=now)
+        out = []
+        for job, resident in zip(jobs, residents):
+            if resident is None or (cg is None and job.cgroup is not None):
+                out.append(job)
+                continue
+            seen = tuple((at, v) for at, v in job.shmem_seen if at >= now - SHMEM_SPAN)
+            if job.trainer_shmem_bytes is not None:
+                seen += ((job.read_at, job.trainer_shmem_bytes),)
+            out.append(replace(job, cgroup=cg, trainer_rss_bytes=resident[0], trainer_file_bytes=resident[1],
+                               trainer_shmem_bytes=resident[2], shmem_seen=seen[-16:],
+                               available_bytes=free, paired_at=now))
+        return _split_unmapped(out) if len(out) > 1 else out
 
     def _cpus(self, pid: int, errors: Errors) -> Optional[float]:
         """The CPUs the trainer may use: its affinity, within its cgroup's CPU quota."""
@@ -163,6 +177,25 @@ class Sampler:
             if self._last_system is None:
                 self._last_system = system.read_system_memory()  # psutil's own reading
         return self._last_system
+
+
+def _split_unmapped(jobs: List[JobMemory]) -> List[JobMemory]:
+    """The shared memory of a group that none of its trainers maps (a step's, unmapped, until the
+    kernel frees it), shared among them by how much less each maps than it did lately (else by
+    the most each mapped: a step that maps its next before the last is freed): each one's at most
+    what it mapped lately, and together never more than there is. Taken by each as its own, one
+    trainer's pages counted twice held both jobs' claims a step high."""
+    group = jobs[0].cgroup
+    if group is None or group.shmem_bytes is None or any(j.trainer_shmem_bytes is None for j in jobs):
+        return jobs
+    unmapped = max(0, group.shmem_bytes - sum(j.trainer_shmem_bytes or 0 for j in jobs))
+    lately = [j.shmem_lately_bytes for j in jobs]
+    weights = [m - (j.trainer_shmem_bytes or 0) for j, m in zip(jobs, lately)]
+    if not any(weights):
+        weights = lately
+    total = sum(weights)
+    return [replace(j, unmapped_share_bytes=min(m, unmapped * w // total) if total else 0)
+            for j, m, w in zip(jobs, lately, weights)]
 
 
 def gpu_bytes_by_pid(gpus: Sequence[Gpu]) -> Dict[int, Optional[int]]:

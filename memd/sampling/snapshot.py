@@ -167,6 +167,9 @@ class JobMemory:
     # (when, how much) at its reads of the last SHMEM_SPAN seconds (Sampler.paired keeps them)
     trainer_shmem_bytes: Optional[int] = None
     shmem_seen: Tuple[Tuple[float, int], ...] = ()
+    # Its part of the shared memory of its group no trainer maps, where other trainers share the
+    # group (Sampler.paired_pool splits it by what each unmapped lately); None: alone in it
+    unmapped_share_bytes: Optional[int] = None
     # When those were read (Sampler.paired refreshes them between reads of the whole tree);
     # None: with the tree, at ``monotonic``.
     paired_at: Optional[float] = None
@@ -200,11 +203,18 @@ class JobMemory:
         """Shared memory charged to the job's group that its trainer does not map now, up to the
         most it mapped lately (shmem_seen): a trainer alone in its group has that only for a
         moment, between unmapping a step's shared memory and the kernel giving it back, and it is
-        the trainer's until then (planner.steadied). 0 when either is unknown."""
+        the trainer's until then (planner.steadied). Beside other trainers, its share of what none
+        of them maps (unmapped_share_bytes). 0 when either is unknown."""
+        if self.unmapped_share_bytes is not None:
+            return self.unmapped_share_bytes
         if self.cgroup is None or self.cgroup.shmem_bytes is None or self.trainer_shmem_bytes is None:
             return 0
-        lately = max([self.trainer_shmem_bytes] + [v for _, v in self.shmem_seen])
-        return min(lately, max(0, self.cgroup.shmem_bytes - self.trainer_shmem_bytes))
+        return min(self.shmem_lately_bytes, max(0, self.cgroup.shmem_bytes - self.trainer_shmem_bytes))
+
+    @property
+    def shmem_lately_bytes(self) -> int:
+        """The most shared memory the trainer mapped lately, now included."""
+        return max([self.trainer_shmem_bytes or 0] + [v for _, v in self.shmem_seen])
 
     @property
     def in_flight_shmem_bytes(self) -> Optional[int]:

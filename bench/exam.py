@@ -378,10 +378,11 @@ def feasible(job: ExamJob, steps: int, workdir: str, log, loader: Optional[Tuple
     b = max(1, near or job.aimed)
     if ok(b):
         lo, hi = b, None
-        while hi is None:
-            up = max(lo + 1, int(lo * (1.03 if near else 1.08)))
+        step = max(1, int(b * (0.03 if near else 0.08)))
+        while hi is None:  # galloping: a run that ended far below what fits costs log2 probes, not one each
+            up = lo + step
             if ok(up):
-                lo = up
+                lo, step = up, step * 2
             else:
                 hi = up
     else:
@@ -454,7 +455,7 @@ def run_job(job: ExamJob, daemon: MemdDaemon, workdir: str, log) -> List[Dict]:
     return results
 
 
-def judge(job: ExamJob, best: int, runs: List[Dict]) -> Dict:
+def judge(job: ExamJob, best: int, runs: List[Dict], default_fits: Optional[bool] = None) -> Dict:
     """What the exam counts of one job: kills (a first run whose default does not fit may be
     killed: it is restarted, and the restart is judged), each judged run's final batch over
     feasible, and when it reached 95 %."""
@@ -463,10 +464,10 @@ def judge(job: ExamJob, best: int, runs: List[Dict]) -> Dict:
     excused = [r for r in runs if restarted and r.get("life") == 0]
 
     def unfit(r: Dict) -> bool:
-        # Its default did not fit: above the batch probed to fit, or killed before its first
-        # step there ended (a loader beside the workers it asked for, where memd's plan ended
-        # beside fewer), before any report could tell memd anything.
-        return job.default > best or not r["batches"]
+        # Its default did not fit: above the batch probed to fit, or not beside the loader it
+        # asked for (its probes ran beside the fewer workers memd's plan ended with), or killed
+        # before its first step there ended, before any report could tell memd anything.
+        return job.default > best or default_fits is False or not r["batches"]
 
     kills = sum(1 for r in judged if r["killed"])
     kills += sum(1 for r in excused if r["killed"] and not unfit(r))
@@ -560,7 +561,14 @@ def main(argv=None) -> int:
             finals = [r["batches"][-1] for r in runs if r["batches"] and not r["killed"]]
             best, probes = feasible(job, steps, workdir, log, ended[-1] if ended else None,
                                     min(finals) if finals else None)
-            judged = judge(job, best, runs)
+            # A loader's first run starts beside the workers it asked for: whether its default fits
+            # there decides whether that run's kill is excused.
+            default_fits = None
+            if ended and job.default <= best and any(r["killed"] and r.get("life") == 0 for r in runs):
+                default_fits = probe(job, job.default, steps, workdir, None)
+                log("    probe %d beside the loader it asked for: %s"
+                    % (job.default, "ran" if default_fits else "killed"))
+            judged = judge(job, best, runs, default_fits)
             log("  feasible %d; %s" % (best, ", ".join("%.1f %%" % (100 * s) for s in judged["shares"])))
             results.append({"job": asdict(job), "words": job.words(), "feasible": best, "probes": probes,
                             "probe_steps": steps, "runs": runs, "judged": judged})

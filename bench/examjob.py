@@ -174,7 +174,8 @@ def run(job: Job, steps: int, seconds: float, batch_for, after=None) -> None:
 class FixedPlan:
     """A plan that never moves, for a probe: --batch beside --workers workers at --prefetch (the
     configuration memd's plan ended with, else those asked for at a DataLoader's default 2); no
-    daemon is asked."""
+    daemon is asked. MemdLoader over it is the loader's own job at one batch (its workers forked
+    and its batches held as it holds them). bench/trainjob.py's loader probes use it too."""
 
     def __init__(self, batch: int, workers: int, prefetch: int):
         from memd.client import Plan

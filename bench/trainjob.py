@@ -61,11 +61,13 @@ import time
 
 T0 = time.monotonic()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(ROOT, "client")]
+sys.path[:0] = [ROOT, os.path.join(ROOT, "client")]
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from bench.examjob import FixedPlan  # noqa: E402  (a plan that never moves: the loader's probe)
 
 DEVICE = "cpu"  # --device
 METHODS = ("fixed", "report", "suggest", "helpers", "loader", "accelerate", "lightning-power", "lightning-binsearch")
@@ -402,29 +404,6 @@ def method_helpers(shape: Shape, args) -> None:
             emit(e="step", i=i, batch=plan.batch_size, accum=plan.grad_accum_steps,
                  dt=round(time.monotonic() - started, 3), hwm=peak(), source=plan.source, reason=plan.reason,
                  **length)
-
-
-class FixedPlan:
-    """A session whose plan never moves: batch --batch, --workers workers at --prefetch. MemdLoader
-    over it is the loader's own job at one batch (its workers forked and its batches held as it
-    holds them), the probe the loader's batch is judged against; no daemon is asked."""
-
-    def __init__(self, batch: int, workers: int, prefetch: int):
-        from memd.client import Plan
-
-        self.target_effective_batch, self.min_batch = None, 1
-        self._plan = Plan(batch_size=batch, grad_accum_steps=1, effective_batch_size=batch, num_workers=workers,
-                          prefetch_factor=prefetch if workers else None, throttle=False, pressure="ok",
-                          reason="fixed", source="fixed")
-
-    def plan(self):
-        return self._plan
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def method_loader(shape: Shape, args) -> None:

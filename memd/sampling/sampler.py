@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from . import cgroup, platform, procs, system
-from .snapshot import Gpu, GpuProcess, JobMemory, Snapshot, SystemMemory, gpu_bytes
+from .snapshot import Cgroup, Gpu, GpuProcess, JobMemory, Snapshot, SystemMemory, gpu_bytes
 
 Errors = List[Tuple[str, str]]
 PAIR_READS, PAIR_GAP = 3, 0.01  # (cgroup usage, trainer RSS) pairs per job read, seconds apart
@@ -135,7 +135,7 @@ class Sampler:
             out.append(replace(job, cgroup=cg, trainer_rss_bytes=resident[0], trainer_file_bytes=resident[1],
                                trainer_shmem_bytes=resident[2], shmem_seen=seen[-16:],
                                available_bytes=free, paired_at=now))
-        return _split_unmapped(out) if len(out) > 1 else out
+        return out if None in residents else _split_unmapped(out, cg)  # a job not read keeps its last
 
     def _cpus(self, pid: int, errors: Errors) -> Optional[float]:
         """The CPUs the trainer may use: its affinity, within its cgroup's CPU quota."""
@@ -179,13 +179,13 @@ class Sampler:
         return self._last_system
 
 
-def _split_unmapped(jobs: List[JobMemory]) -> List[JobMemory]:
+def _split_unmapped(jobs: List[JobMemory], group: Optional[Cgroup]) -> List[JobMemory]:
     """The shared memory of a group that none of its trainers maps (a step's, unmapped, until the
     kernel frees it), shared among them by how much less each maps than it did lately (else by
     the most each mapped: a step that maps its next before the last is freed): each one's at most
     what it mapped lately, and together never more than there is. Taken by each as its own, one
-    trainer's pages counted twice held both jobs' claims a step high."""
-    group = jobs[0].cgroup
+    trainer's pages counted twice held both jobs' claims a step high. A trainer alone gets what
+    JobMemory.unmapped_shmem_bytes gives it."""
     if group is None or group.shmem_bytes is None or any(j.trainer_shmem_bytes is None for j in jobs):
         return jobs
     unmapped = max(0, group.shmem_bytes - sum(j.trainer_shmem_bytes or 0 for j in jobs))
